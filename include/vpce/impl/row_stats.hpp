@@ -1,0 +1,40 @@
+#pragma once
+/// \file row_stats.hpp
+/// \brief The per-row record that travels in the collective, and its merge.
+
+#include <Kokkos_Core.hpp>
+
+#include <limits>
+
+#include "vpce/impl/math.hpp"
+
+namespace vpce::impl {
+
+/// Per-row partial statistics of one rank, and after the collective the merged ones:
+/// m = max logit, s = sum exp(x - m), t = the target's logit (0 where the target is not local).
+/// A row with a NaN or +inf logit is marked by s = NaN (and m = 0, so the merge stays defined).
+template <class T>
+struct RowStats {
+  T m, s, t;
+};
+
+template <class T>
+KOKKOS_INLINE_FUNCTION T neg_inf() {
+  return -std::numeric_limits<T>::infinity();
+}
+
+/// The associative, commutative merge of two partials (DESIGN.md section 1). A partial whose m is -inf
+/// contributes 0 without evaluating exp(-inf - -inf). Symmetric in its arguments bit for bit.
+template <class T>
+KOKKOS_INLINE_FUNCTION RowStats<T> merge(const RowStats<T>& a, const RowStats<T>& b) {
+  const bool a_big = a.m > b.m || (a.m == b.m && a.s >= b.s);
+  const RowStats<T>& hi = a_big ? a : b;
+  const RowStats<T>& lo = a_big ? b : a;
+  RowStats<T> r;
+  r.m = hi.m;
+  r.s = hi.s + (lo.m == neg_inf<T>() ? T(0) * lo.s : lo.s * fast_exp(lo.m - hi.m));
+  r.t = a.t + b.t;
+  return r;
+}
+
+}  // namespace vpce::impl

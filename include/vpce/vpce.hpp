@@ -1,0 +1,10 @@
+#pragma once
+/// \file vpce.hpp
+/// \brief Everything a user of vpce's C++ API needs.
+
+#include "vpce/communicator.hpp"
+#include "vpce/config.hpp"
+#include "vpce/cross_entropy.hpp"
+#include "vpce/error.hpp"
+#include "vpce/options.hpp"
+#include "vpce/partition.hpp"

@@ -1,0 +1,58 @@
+#include "vpce/impl/collective.hpp"
+
+#include <algorithm>
+#include <climits>
+
+#include "vpce/error.hpp"
+
+namespace vpce::impl {
+
+namespace {
+template <class T>
+void merge_op(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const RowStats<T>*>(in);
+  auto* b = static_cast<RowStats<T>*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = merge(a[i], b[i]);
+}
+constexpr std::int64_t max_count = INT_MAX / 4;
+}  // namespace
+
+template <class T>
+StatsReduction<T>::StatsReduction() {
+  static_assert(sizeof(RowStats<T>) == 3 * sizeof(T), "RowStats must be three packed scalars");
+  VPCE_MPI_CHECK(MPI_Type_contiguous(3, mpi_datatype<T>(), &m_type));
+  VPCE_MPI_CHECK(MPI_Type_commit(&m_type));
+  VPCE_MPI_CHECK(MPI_Op_create(&merge_op<T>, /*commute=*/1, &m_op));
+}
+
+template <class T>
+StatsReduction<T>::~StatsReduction() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  if (m_op != MPI_OP_NULL) MPI_Op_free(&m_op);
+  if (m_type != MPI_DATATYPE_NULL) MPI_Type_free(&m_type);
+}
+
+template <class T>
+void StatsReduction<T>::allreduce(RowStats<T>* records, std::int64_t count, MPI_Comm comm) const {
+  for (std::int64_t done = 0; done < count; done += max_count) {
+    const int n = static_cast<int>(std::min(max_count, count - done));
+    VPCE_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, records + done, n, m_type, m_op, comm));
+  }
+}
+
+template <class T>
+void allreduce_builtin(T* data, std::int64_t count, MPI_Op op, MPI_Comm comm) {
+  for (std::int64_t done = 0; done < count; done += max_count) {
+    const int n = static_cast<int>(std::min(max_count, count - done));
+    VPCE_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data + done, n, mpi_datatype<T>(), op, comm));
+  }
+}
+
+template class StatsReduction<float>;
+template class StatsReduction<double>;
+template void allreduce_builtin<float>(float*, std::int64_t, MPI_Op, MPI_Comm);
+template void allreduce_builtin<double>(double*, std::int64_t, MPI_Op, MPI_Comm);
+
+}  // namespace vpce::impl

@@ -1,0 +1,57 @@
+#include "vpce/communicator.hpp"
+
+#include <string>
+#include <vector>
+
+#include "vpce/error.hpp"
+
+namespace vpce {
+
+Communicator::Communicator(MPI_Comm comm) : m_state(std::make_shared<State>()) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  VPCE_THROW_IF(!initialized, "MPI must be initialized before a vpce::Communicator is made");
+  VPCE_THROW_IF(comm == MPI_COMM_NULL, "the communicator is MPI_COMM_NULL");
+  VPCE_MPI_CHECK(MPI_Comm_dup(comm, &m_state->comm));
+  MPI_Comm_set_errhandler(m_state->comm, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(m_state->comm, &m_state->rank);
+  MPI_Comm_size(m_state->comm, &m_state->size);
+}
+
+Communicator::State::~State() {
+  if (comm == MPI_COMM_NULL) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Comm_free(&comm);
+}
+
+void Communicator::agree_or_throw(const std::string& local_error, std::initializer_list<MustMatch> must_match) const {
+  // One MAX all-reduce carries: -(lowest rank with an error), and (v, -v) for each value to match.
+  std::vector<std::int64_t> in{-static_cast<std::int64_t>(local_error.empty() ? size() : rank())};
+  for (const auto& m : must_match) {
+    in.push_back(m.value);
+    in.push_back(-m.value);
+  }
+  std::vector<std::int64_t> out(in.size());
+  VPCE_MPI_CHECK(MPI_Allreduce(in.data(), out.data(), static_cast<int>(in.size()), MPI_INT64_T, MPI_MAX, comm()));
+  const int first = static_cast<int>(-out[0]);
+  if (first < size()) {
+    int len = static_cast<int>(local_error.size());
+    VPCE_MPI_CHECK(MPI_Bcast(&len, 1, MPI_INT, first, comm()));
+    std::string text(local_error);
+    text.resize(len);
+    VPCE_MPI_CHECK(MPI_Bcast(text.data(), len, MPI_CHAR, first, comm()));
+    throw Error(size() > 1 ? text + " (found on rank " + std::to_string(first) + ")" : text);
+  }
+  std::size_t k = 1;
+  for (const auto& m : must_match) {
+    const std::int64_t hi = out[k], lo = -out[k + 1];
+    k += 2;
+    if (hi != lo) {
+      throw Error(std::string("vpce: ") + m.what + " differs between ranks (from " + std::to_string(lo) + " to " +
+                  std::to_string(hi) + ")");
+    }
+  }
+}
+
+}  // namespace vpce
