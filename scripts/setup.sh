@@ -8,7 +8,8 @@
 #   KokkosKernels_ROOT  likewise for Kokkos Kernels (optional; without it the fused LM-head path is off)
 #   VPCE_BUILD      build folder (default: <clone>/build)
 #   VPCE_BUILD_TYPE CMake build type (default: Release)
-#   VPCE_CMAKE_ARGS extra arguments for vpce's CMake configure
+#   VPCE_CMAKE_ARGS extra arguments for vpce's CMake configure (default: -DVPCE_ENABLE_NATIVE=ON, the
+#                   kernels compiled for this machine's CPU; the build folder is never shared between machines)
 # Source it (scripts/demo.sh and scripts/test.sh do) or run it.
 set -euo pipefail
 
@@ -28,7 +29,7 @@ as_root() {
 
 install_packages() {
   local pkgs=(build-essential cmake dpkg-dev ca-certificates libopenmpi-dev openmpi-bin libgtest-dev libgmock-dev
-              libbenchmark-dev libhdf5-openmpi-dev hdf5-tools libopenblas-dev python3 python3-numpy)
+              libbenchmark-dev libhdf5-openmpi-dev hdf5-tools libopenblas-dev python3 python3-numpy python3-h5py)
   local missing=()
   for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -93,15 +94,17 @@ configure_vpce() {
     args+=(-DKokkos_ROOT="$KOKKOS_PREFIX" -DKokkosKernels_ROOT="$KOKKOS_PREFIX")
   fi
   # shellcheck disable=SC2206
-  args+=(${VPCE_CMAKE_ARGS:-})
+  args+=(${VPCE_CMAKE_ARGS:--DVPCE_ENABLE_NATIVE=ON})
   log "configuring vpce in $VPCE_BUILD"
   cmake -S "$VPCE_SRC" -B "$VPCE_BUILD" "${args[@]}" >/dev/null
   log "building vpce"
   cmake --build "$VPCE_BUILD" -j "$JOBS"
 }
 
-# Running MPI programs from the scripts: root is allowed, more ranks than cores too.
+# Running MPI programs from the scripts: root is allowed, more ranks than cores too. Kokkos' OpenMP
+# backend warns without OMP_PROC_BIND; ranks share the cores, so threads are not bound by default.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMP_PROC_BIND=${OMP_PROC_BIND:-false}
 
 install_packages
 [ -n "${Kokkos_ROOT:-}" ] || build_kokkos

@@ -1,0 +1,47 @@
+#pragma once
+/// \file bench.hpp
+/// \brief vpce's MPI-aware benchmark harness, used by `vpce bench`, `vpce demo` and perf_tests/vpce_perf.
+///
+/// Every figure is the median over repetitions of the slowest rank's time, reported with the bytes the
+/// operation must move and as a ratio to a copy of the same logits (read + write) timed in the same run.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "vpce/communicator.hpp"
+
+namespace vpce::bench {
+
+struct Config {
+  std::int64_t tokens = 4096;
+  std::int64_t vocab = 65536;      ///< global vocabulary; split evenly over the ranks
+  std::string dtype = "float32";   ///< float32 | float64
+  int reps = 10;                   ///< timed repetitions (after one warm-up)
+  std::vector<std::string> only;   ///< if not empty: run only records whose name starts with one of these
+};
+
+struct Record {
+  std::string name;        ///< e.g. copy, forward/fused/recompute, forward_backward/seed/stash, loss_and_grad/fused
+  int ranks = 1;
+  int threads = 1;         ///< Kokkos concurrency per rank
+  std::int64_t tokens = 0;
+  std::int64_t vocab_local = 0;  ///< the largest slice over the ranks
+  std::string dtype;
+  double ms_median = 0;    ///< median over reps of the max over ranks
+  double ms_min = 0;
+  double bytes = 0;        ///< bytes the operation must move per rank (logits read, gradient/stash written, ...)
+  double gbps = 0;         ///< bytes / ms_median
+  double ratio_to_copy = 0;  ///< ms_median / the copy's ms_median
+};
+
+/// Collective: runs the benchmark; every rank returns the same records.
+std::vector<Record> run(const Communicator& comm, const Config& config);
+
+/// JSON array of records (with the Kokkos version, backend, and the vpce version in each record).
+std::string to_json(const std::vector<Record>& records);
+
+/// A fixed-width table for humans.
+std::string to_table(const std::vector<Record>& records);
+
+}  // namespace vpce::bench

@@ -1,0 +1,37 @@
+// vpce_perf: the benchmark without HDF5. Usage: mpirun -np R vpce_perf [tokens] [vocab] [float32|float64] [reps] [json]
+#include <Kokkos_Core.hpp>
+#include <mpi.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "bench.hpp"
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  Kokkos::initialize(argc, argv);
+  int rc = 0;
+  {
+    try {
+      vpce::Communicator comm(MPI_COMM_WORLD);
+      vpce::bench::Config cfg;
+      if (argc > 1) cfg.tokens = std::stoll(argv[1]);
+      if (argc > 2) cfg.vocab = std::stoll(argv[2]);
+      if (argc > 3) cfg.dtype = argv[3];
+      if (argc > 4) cfg.reps = std::stoi(argv[4]);
+      const auto recs = vpce::bench::run(comm, cfg);
+      if (comm.rank() == 0) {
+        std::printf("%s", vpce::bench::to_table(recs).c_str());
+        if (argc > 5) std::ofstream(argv[5]) << vpce::bench::to_json(recs);
+      }
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "vpce_perf: %s\n", e.what());
+      rc = 1;
+    }
+  }
+  Kokkos::finalize();
+  MPI_Finalize();
+  return rc;
+}

@@ -1,0 +1,347 @@
+#include "h5io.hpp"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+
+#include "vpce/error.hpp"
+
+namespace vpce::tool {
+
+void agree(const Communicator& comm, const std::string& local_error) {
+  const int size = comm.size();
+  int mine = local_error.empty() ? 0 : 1;
+  std::vector<int> flags(size, 0);
+  VPCE_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_INT, flags.data(), 1, MPI_INT, comm.comm()));
+  const auto first = std::find(flags.begin(), flags.end(), 1);
+  if (first == flags.end()) return;
+  const int root = static_cast<int>(first - flags.begin());
+  const bool everywhere = std::count(flags.begin(), flags.end(), 1) == size;
+  int len = static_cast<int>(local_error.size());
+  VPCE_MPI_CHECK(MPI_Bcast(&len, 1, MPI_INT, root, comm.comm()));
+  std::string text(local_error);
+  text.resize(len);
+  VPCE_MPI_CHECK(MPI_Bcast(text.data(), len, MPI_CHAR, root, comm.comm()));
+  if (!everywhere && size > 1) text += " (on rank " + std::to_string(root) + ")";
+  throw Error(text);
+}
+
+namespace {
+
+herr_t collect_error(unsigned /*n*/, const H5E_error2_t* e, void* data) {
+  auto* out = static_cast<std::vector<std::string>*>(data);
+  out->push_back(e && e->desc ? e->desc : "");
+  return 0;
+}
+
+template <class T>
+hid_t native_type() {
+  if constexpr (std::is_same_v<T, float>) return H5T_NATIVE_FLOAT;
+  else if constexpr (std::is_same_v<T, double>) return H5T_NATIVE_DOUBLE;
+  else {
+    static_assert(std::is_same_v<T, std::int64_t>, "float, double or int64 only");
+    return H5T_NATIVE_INT64;
+  }
+}
+
+template <class T>
+hid_t file_type() {
+  if constexpr (std::is_same_v<T, float>) return H5T_IEEE_F32LE;
+  else if constexpr (std::is_same_v<T, double>) return H5T_IEEE_F64LE;
+  else return H5T_STD_I64LE;
+}
+
+std::string with_detail(const std::string& what) {
+  const std::string d = h5_error_detail();
+  return d.empty() ? what : what + " (HDF5: " + d + ")";
+}
+
+}  // namespace
+
+std::string h5_error_detail() {
+  std::vector<std::string> msgs;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, collect_error, &msgs);
+  H5Eclear2(H5E_DEFAULT);
+  // Upward: from where the error was detected to the API call. The innermost entry names the cause
+  // (e.g. the MPI-IO or system error); skip empty ones.
+  for (const auto& m : msgs)
+    if (!m.empty()) return m;
+  return {};
+}
+
+std::string shape_string(const std::vector<std::int64_t>& dims) {
+  if (dims.empty()) return "a scalar";
+  std::string s;
+  for (std::size_t i = 0; i < dims.size(); ++i) s += (i ? " x " : "") + std::to_string(dims[i]);
+  return s;
+}
+
+std::int64_t io_block_bytes() {
+  if (const char* env = std::getenv("VPCE_IO_BLOCK_BYTES")) {
+    char* end = nullptr;
+    const long long v = std::strtoll(env, &end, 10);
+    if (end != env && *end == '\0' && v > 0) return v;
+  }
+  return std::int64_t(1) << 30;
+}
+
+H5Handle& H5Handle::operator=(H5Handle&& o) noexcept {
+  if (this != &o) {
+    reset();
+    m_id = o.m_id;
+    m_close = o.m_close;
+    o.m_id = H5I_INVALID_HID;
+  }
+  return *this;
+}
+
+bool H5Handle::reset() noexcept {
+  bool ok = true;
+  if (m_id >= 0 && m_close) ok = m_close(m_id) >= 0;
+  m_id = H5I_INVALID_HID;
+  return ok;
+}
+
+void H5File::fail(const std::string& what) const { throw Error("vpce: " + m_display + ": " + what); }
+
+H5File H5File::open_read(const std::string& path, const Communicator& comm) {
+  H5File f(comm, path);
+  std::string err;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    err = "vpce: " + path + ": " + (errno == ENOENT ? std::string("no such file") : std::strerror(errno));
+  } else if (S_ISDIR(st.st_mode)) {
+    err = "vpce: " + path + ": is a directory, not an HDF5 file";
+  } else if (::access(path.c_str(), R_OK) != 0) {
+    err = "vpce: " + path + ": cannot be read: " + std::strerror(errno);
+  }
+  agree(comm, err);
+
+  H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  if (!fapl.valid() || H5Pset_fapl_mpio(fapl.get(), comm.comm(), MPI_INFO_NULL) < 0)
+    err = with_detail("vpce: " + path + ": cannot set up MPI-IO file access");
+  if (err.empty()) {
+    f.m_file = H5Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
+    if (!f.m_file.valid()) err = with_detail("vpce: " + path + ": not an HDF5 file, or it cannot be opened");
+  }
+  if (err.empty()) {
+    f.m_dxpl = H5Handle(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
+    if (!f.m_dxpl.valid() || H5Pset_dxpl_mpio(f.m_dxpl.get(), H5FD_MPIO_COLLECTIVE) < 0)
+      err = with_detail("vpce: " + path + ": cannot set up collective transfers");
+  }
+  agree(comm, err);
+  return f;
+}
+
+H5File H5File::create(const std::string& path, const Communicator& comm) {
+  H5File f(comm, path);
+  std::string err;
+  H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  if (!fapl.valid() || H5Pset_fapl_mpio(fapl.get(), comm.comm(), MPI_INFO_NULL) < 0)
+    err = with_detail("vpce: " + path + ": cannot set up MPI-IO file access");
+  if (err.empty()) {
+    f.m_file = H5Handle(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
+    if (!f.m_file.valid()) err = with_detail("vpce: " + path + ": cannot create the file");
+  }
+  if (err.empty()) {
+    f.m_dxpl = H5Handle(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
+    if (!f.m_dxpl.valid() || H5Pset_dxpl_mpio(f.m_dxpl.get(), H5FD_MPIO_COLLECTIVE) < 0)
+      err = with_detail("vpce: " + path + ": cannot set up collective transfers");
+  }
+  agree(comm, err);
+  return f;
+}
+
+DatasetInfo H5File::info(const std::string& name) const {
+  DatasetInfo info;
+  const std::string rel = name.size() > 1 && name[0] == '/' ? name.substr(1) : name;
+  const htri_t exists = H5Lexists(m_file.get(), rel.c_str(), H5P_DEFAULT);
+  H5Eclear2(H5E_DEFAULT);
+  if (exists <= 0) return info;
+  info.exists = true;
+  H5Handle dset(H5Dopen2(m_file.get(), name.c_str(), H5P_DEFAULT), H5Dclose);
+  if (!dset.valid()) {
+    H5Eclear2(H5E_DEFAULT);
+    info.type_name = "not a dataset";
+    return info;
+  }
+  H5Handle space(H5Dget_space(dset.get()), H5Sclose);
+  const int nd = space.valid() ? H5Sget_simple_extent_ndims(space.get()) : -1;
+  if (nd > 0) {
+    std::vector<hsize_t> d(nd);
+    H5Sget_simple_extent_dims(space.get(), d.data(), nullptr);
+    for (auto x : d) info.dims.push_back(static_cast<std::int64_t>(x));
+  }
+  H5Handle type(H5Dget_type(dset.get()), H5Tclose);
+  const H5T_class_t cls = type.valid() ? H5Tget_class(type.get()) : H5T_NO_CLASS;
+  info.type_size = type.valid() ? H5Tget_size(type.get()) : 0;
+  const std::string bits = std::to_string(8 * info.type_size);
+  switch (cls) {
+    case H5T_FLOAT:
+      info.kind = DatasetInfo::Kind::floating;
+      info.type_name = "float" + bits;
+      break;
+    case H5T_INTEGER:
+      info.kind = DatasetInfo::Kind::integer;
+      info.type_name = (H5Tget_sign(type.get()) == H5T_SGN_NONE ? "uint" : "int") + bits;
+      break;
+    case H5T_STRING: info.type_name = "string"; break;
+    case H5T_ENUM: info.type_name = "enum (e.g. bool)"; break;
+    case H5T_COMPOUND: info.type_name = "compound"; break;
+    default: info.type_name = "a non-numeric type"; break;
+  }
+  H5Eclear2(H5E_DEFAULT);
+  return info;
+}
+
+template <class T>
+void H5File::transfer_columns(bool write, const std::string& name, std::int64_t n_rows, std::int64_t col_begin,
+                              std::int64_t col_count, std::int64_t max_col_count, T* buf) const {
+  const char* verb = write ? "write" : "read";
+  std::string err;
+  H5Handle dset(H5Dopen2(m_file.get(), name.c_str(), H5P_DEFAULT), H5Dclose);
+  if (!dset.valid()) err = with_detail("vpce: " + m_display + ": cannot open dataset " + name);
+  agree(m_comm, err);
+  // The same number of collective transfers on every rank, each at most io_block_bytes() on the widest rank.
+  const std::int64_t row_bytes = std::max<std::int64_t>(1, max_col_count) * std::int64_t(sizeof(T));
+  const std::int64_t block = std::max<std::int64_t>(1, io_block_bytes() / row_bytes);
+  T dummy{};
+  for (std::int64_t r0 = 0; r0 < n_rows; r0 += block) {
+    const std::int64_t rows = std::min(block, n_rows - r0);
+    H5Handle fspace(H5Dget_space(dset.get()), H5Sclose);
+    H5Handle mspace;
+    T* ptr = &dummy;
+    herr_t rc = fspace.valid() ? 0 : -1;
+    if (rc >= 0 && col_count > 0) {
+      const hsize_t start[2] = {hsize_t(r0), hsize_t(col_begin)};
+      const hsize_t count[2] = {hsize_t(rows), hsize_t(col_count)};
+      rc = H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, count, nullptr);
+      mspace = H5Handle(H5Screate_simple(2, count, nullptr), H5Sclose);
+      ptr = buf + r0 * col_count;
+    } else if (rc >= 0) {
+      // This rank owns no columns: it still takes part in the collective transfer, with nothing selected.
+      rc = H5Sselect_none(fspace.get());
+      const hsize_t one[1] = {1};
+      mspace = H5Handle(H5Screate_simple(1, one, nullptr), H5Sclose);
+      if (mspace.valid() && rc >= 0) rc = H5Sselect_none(mspace.get());
+    }
+    if (rc >= 0 && !mspace.valid()) rc = -1;
+    if (rc >= 0) {
+      rc = write ? H5Dwrite(dset.get(), native_type<T>(), mspace.get(), fspace.get(), m_dxpl.get(), ptr)
+                 : H5Dread(dset.get(), native_type<T>(), mspace.get(), fspace.get(), m_dxpl.get(), ptr);
+    }
+    if (rc < 0)
+      err = with_detail("vpce: " + m_display + ": cannot " + verb + " rows " + std::to_string(r0) + ".." +
+                        std::to_string(r0 + rows) + " of dataset " + name);
+    agree(m_comm, err);
+  }
+}
+
+template <class T>
+void H5File::read_columns(const std::string& name, std::int64_t n_rows, std::int64_t col_begin,
+                          std::int64_t col_count, std::int64_t max_col_count, T* buf) const {
+  transfer_columns<T>(false, name, n_rows, col_begin, col_count, max_col_count, buf);
+}
+
+template <class T>
+void H5File::write_columns(const std::string& name, std::int64_t n_rows, std::int64_t col_begin,
+                           std::int64_t col_count, std::int64_t max_col_count, const T* buf) {
+  transfer_columns<T>(true, name, n_rows, col_begin, col_count, max_col_count, const_cast<T*>(buf));
+}
+
+template <class T>
+void H5File::read_all(const std::string& name, std::int64_t n, T* buf) const {
+  std::string err;
+  H5Handle dset(H5Dopen2(m_file.get(), name.c_str(), H5P_DEFAULT), H5Dclose);
+  if (!dset.valid()) err = with_detail("vpce: " + m_display + ": cannot open dataset " + name);
+  agree(m_comm, err);
+  if (n == 0) return;
+  if (H5Dread(dset.get(), native_type<T>(), H5S_ALL, H5S_ALL, m_dxpl.get(), buf) < 0)
+    err = with_detail("vpce: " + m_display + ": cannot read dataset " + name);
+  agree(m_comm, err);
+}
+
+template <class T>
+void H5File::create_dataset(const std::string& name, const std::vector<std::int64_t>& dims) {
+  std::string err;
+  std::vector<hsize_t> d(dims.begin(), dims.end());
+  H5Handle space(H5Screate_simple(static_cast<int>(d.size()), d.data(), nullptr), H5Sclose);
+  H5Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  if (!space.valid() || !dcpl.valid() || H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER) < 0 ||
+      H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY) < 0) {
+    err = with_detail("vpce: " + m_display + ": cannot describe dataset " + name);
+  }
+  if (err.empty()) {
+    H5Handle dset(H5Dcreate2(m_file.get(), name.c_str(), file_type<T>(), space.get(), H5P_DEFAULT, dcpl.get(),
+                             H5P_DEFAULT),
+                  H5Dclose);
+    if (!dset.valid()) err = with_detail("vpce: " + m_display + ": cannot create dataset " + name);
+  }
+  agree(m_comm, err);
+}
+
+template <class T>
+void H5File::write_all(const std::string& name, std::int64_t n, const T* buf, int writer_rank) {
+  std::string err;
+  H5Handle dset(H5Dopen2(m_file.get(), name.c_str(), H5P_DEFAULT), H5Dclose);
+  if (!dset.valid()) err = with_detail("vpce: " + m_display + ": cannot open dataset " + name);
+  agree(m_comm, err);
+  if (n == 0) return;
+  const bool mine = m_comm.rank() == writer_rank;
+  H5Handle fspace(H5Dget_space(dset.get()), H5Sclose);
+  const hsize_t count[1] = {hsize_t(mine ? n : 1)};
+  H5Handle mspace(H5Screate_simple(1, count, nullptr), H5Sclose);
+  herr_t rc = fspace.valid() && mspace.valid() ? 0 : -1;
+  if (rc >= 0 && !mine) rc = std::min(H5Sselect_none(fspace.get()), H5Sselect_none(mspace.get()));
+  T dummy{};
+  if (rc >= 0)
+    rc = H5Dwrite(dset.get(), native_type<T>(), mspace.get(), fspace.get(), m_dxpl.get(), mine ? buf : &dummy);
+  if (rc < 0) err = with_detail("vpce: " + m_display + ": cannot write dataset " + name);
+  agree(m_comm, err);
+}
+
+void H5File::write_attribute(const std::string& name, const std::string& value) {
+  std::string err;
+  H5Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+  herr_t rc = type.valid() && space.valid() ? 0 : -1;
+  if (rc >= 0) rc = H5Tset_size(type.get(), std::max<std::size_t>(1, value.size()));
+  if (rc >= 0) rc = H5Tset_strpad(type.get(), H5T_STR_NULLPAD);
+  if (rc >= 0) {
+    H5Handle attr(H5Acreate2(m_file.get(), name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT),
+                  H5Aclose);
+    rc = attr.valid() ? H5Awrite(attr.get(), type.get(), value.empty() ? "" : value.data()) : -1;
+  }
+  if (rc < 0) err = with_detail("vpce: " + m_display + ": cannot write attribute " + name);
+  agree(m_comm, err);
+}
+
+void H5File::close() {
+  std::string err;
+  m_dxpl.reset();
+  if (!m_file.reset()) err = with_detail("vpce: " + m_display + ": closing the file failed");
+  agree(m_comm, err);
+}
+
+template void H5File::read_columns<float>(const std::string&, std::int64_t, std::int64_t, std::int64_t,
+                                          std::int64_t, float*) const;
+template void H5File::read_columns<double>(const std::string&, std::int64_t, std::int64_t, std::int64_t,
+                                           std::int64_t, double*) const;
+template void H5File::write_columns<float>(const std::string&, std::int64_t, std::int64_t, std::int64_t,
+                                           std::int64_t, const float*);
+template void H5File::write_columns<double>(const std::string&, std::int64_t, std::int64_t, std::int64_t,
+                                            std::int64_t, const double*);
+template void H5File::read_all<std::int64_t>(const std::string&, std::int64_t, std::int64_t*) const;
+template void H5File::read_all<float>(const std::string&, std::int64_t, float*) const;
+template void H5File::read_all<double>(const std::string&, std::int64_t, double*) const;
+template void H5File::create_dataset<float>(const std::string&, const std::vector<std::int64_t>&);
+template void H5File::create_dataset<double>(const std::string&, const std::vector<std::int64_t>&);
+template void H5File::write_all<float>(const std::string&, std::int64_t, const float*, int);
+template void H5File::write_all<double>(const std::string&, std::int64_t, const double*, int);
+
+}  // namespace vpce::tool

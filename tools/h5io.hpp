@@ -1,0 +1,138 @@
+#pragma once
+/// \file h5io.hpp
+/// \brief Parallel HDF5 (MPI-IO, collective transfers) reading and writing for the `vpce` tool.
+///
+/// Every function here is collective over the communicator unless it says otherwise, and decides its errors
+/// collectively: if any rank fails, every rank throws the same vpce::Error (message "vpce: FILE: ..."), so no
+/// rank is left waiting in a collective that the others skipped.
+
+#include <hdf5.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "vpce/communicator.hpp"
+
+namespace vpce::tool {
+
+/// Collective agreement on an error found by some ranks only: if any rank's `local_error` is not empty, every
+/// rank throws vpce::Error with the message of the lowest such rank (tagged "(on rank r)" when not every rank
+/// found an error).
+void agree(const Communicator& comm, const std::string& local_error);
+
+/// Runs `f` on every rank; an exception it throws on any rank becomes the same vpce::Error on every rank.
+template <class F>
+void collectively(const Communicator& comm, F&& f);
+
+/// The message of the innermost entry of HDF5's error stack (empty if none), then clears the stack.
+std::string h5_error_detail();
+
+/// An HDF5 identifier closed with the matching H5?close when it goes out of scope.
+class H5Handle {
+ public:
+  using Closer = herr_t (*)(hid_t);
+  H5Handle() = default;
+  H5Handle(hid_t id, Closer closer) : m_id(id), m_close(closer) {}
+  H5Handle(H5Handle&& o) noexcept : m_id(o.m_id), m_close(o.m_close) { o.m_id = H5I_INVALID_HID; }
+  H5Handle& operator=(H5Handle&& o) noexcept;
+  H5Handle(const H5Handle&) = delete;
+  H5Handle& operator=(const H5Handle&) = delete;
+  ~H5Handle() { reset(); }
+  hid_t get() const noexcept { return m_id; }
+  bool valid() const noexcept { return m_id >= 0; }
+  /// Closes now; returns false if H5?close failed.
+  bool reset() noexcept;
+
+ private:
+  hid_t m_id = H5I_INVALID_HID;
+  Closer m_close = nullptr;
+};
+
+/// What a dataset holds, read from the file's metadata (no collective needed: every rank reads the same).
+struct DatasetInfo {
+  bool exists = false;
+  std::vector<std::int64_t> dims;
+  enum class Kind { floating, integer, other } kind = Kind::other;
+  std::size_t type_size = 0;  ///< bytes per element
+  std::string type_name;      ///< float32, float64, int64, uint8, string, ...
+};
+
+/// Human-readable shape, "7 x 23".
+std::string shape_string(const std::vector<std::int64_t>& dims);
+
+/// An HDF5 file opened on every rank of a communicator with the MPI-IO driver.
+class H5File {
+ public:
+  /// Opens an existing file read-only. Errors (missing, a directory, not HDF5) name the file.
+  static H5File open_read(const std::string& path, const Communicator& comm);
+  /// Creates (truncates) a file for writing.
+  static H5File create(const std::string& path, const Communicator& comm);
+
+  const std::string& path() const noexcept { return m_path; }
+  /// The name used in messages (the path the user gave).
+  const std::string& display_name() const noexcept { return m_display; }
+  void set_display_name(std::string name) { m_display = std::move(name); }
+
+  /// Metadata of a dataset by absolute name ("/logits"); not collective.
+  DatasetInfo info(const std::string& name) const;
+
+  /// Reads rows [0, n_rows) and columns [col_begin, col_begin + col_count) of the 2-D dataset `name` into
+  /// `buf` (row-major, n_rows x col_count); `max_col_count` is the largest col_count over the ranks (it sets
+  /// the number of collective transfers, which must be the same everywhere). T: float or double.
+  template <class T>
+  void read_columns(const std::string& name, std::int64_t n_rows, std::int64_t col_begin, std::int64_t col_count,
+                    std::int64_t max_col_count, T* buf) const;
+  /// Reads the whole 1-D dataset `name` (n entries) on every rank. T: float, double or std::int64_t.
+  template <class T>
+  void read_all(const std::string& name, std::int64_t n, T* buf) const;
+
+  /// Creates a dataset of T (float/double) with the given shape (contiguous, no fill).
+  template <class T>
+  void create_dataset(const std::string& name, const std::vector<std::int64_t>& dims);
+  /// Writes the 1-D dataset `name` (n entries) from `buf`, which only `writer_rank` needs to hold.
+  template <class T>
+  void write_all(const std::string& name, std::int64_t n, const T* buf, int writer_rank);
+  /// Writes this rank's columns of the 2-D dataset `name`; arguments as in read_columns.
+  template <class T>
+  void write_columns(const std::string& name, std::int64_t n_rows, std::int64_t col_begin, std::int64_t col_count,
+                     std::int64_t max_col_count, const T* buf);
+  /// A string attribute on the root group (the same value on every rank).
+  void write_attribute(const std::string& name, const std::string& value);
+
+  /// Closes the file on every rank and checks that it closed everywhere (data flushed).
+  void close();
+
+ private:
+  H5File(const Communicator& comm, std::string path) : m_comm(comm), m_path(std::move(path)), m_display(m_path) {}
+  template <class T>
+  void transfer_columns(bool write, const std::string& name, std::int64_t n_rows, std::int64_t col_begin,
+                        std::int64_t col_count, std::int64_t max_col_count, T* buf) const;
+  [[noreturn]] void fail(const std::string& what) const;
+
+  Communicator m_comm;
+  std::string m_path;
+  std::string m_display;
+  H5Handle m_file;
+  H5Handle m_dxpl;  // collective MPI-IO transfers
+};
+
+/// Bytes per collective transfer of a column block (env VPCE_IO_BLOCK_BYTES overrides, for tests): large
+/// files move in several transfers, each below MPI-IO's 2 GiB count limit.
+std::int64_t io_block_bytes();
+
+// ---------------------------------------------------------------------------------------------------------
+
+template <class F>
+void collectively(const Communicator& comm, F&& f) {
+  std::string err;
+  try {
+    f();
+  } catch (const std::exception& e) {
+    err = e.what();
+    if (err.empty()) err = "vpce: unknown error";
+  }
+  agree(comm, err);
+}
+
+}  // namespace vpce::tool
