@@ -106,6 +106,7 @@ class CrossEntropy {
   seed_view m_seed;  // N x 3 (max, sum, target) for the seed strategy
   decltype(Kokkos::create_mirror_view(std::declval<seed_view>())) m_seed_host;
   Kokkos::View<Scalar*, memory_space> m_lse;
+  Kokkos::View<Scalar*, memory_space> m_local_max;  // this rank's row max, kept between the two kernels
   Kokkos::View<Scalar**, Kokkos::LayoutRight, memory_space> m_stash;
 
   // What forward() keeps for backward().

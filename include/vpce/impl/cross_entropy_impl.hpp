@@ -140,6 +140,7 @@ void CrossEntropy<Scalar, ExecSpace>::ensure_capacity(std::int64_t n, bool stash
     m_records = records_view(Kokkos::view_alloc(Kokkos::WithoutInitializing, "vpce::records"), n);
     m_records_host = Kokkos::create_mirror_view(m_records);
     m_lse = Kokkos::View<Scalar*, memory_space>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "vpce::lse"), n);
+    m_local_max = Kokkos::View<Scalar*, memory_space>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "vpce::m"), n);
   }
   if (m_opt.strategy == Strategy::seed && std::int64_t(m_seed.extent(0)) < n) {
     m_seed = seed_view(Kokkos::view_alloc(Kokkos::WithoutInitializing, "vpce::seed_stats"), n, 3);
@@ -201,16 +202,23 @@ void CrossEntropy<Scalar, ExecSpace>::run(const logits_view& logits, const targe
   const bool teams = use_teams();
   const MPI_Comm comm = m_comm.comm();
 
+  // The seed strategy recomputes exp from the logits; the fused one rescales what LocalStats stored.
+  const bool from_exp = m_opt.strategy == Strategy::fused;
   auto finalize = [&](std::int64_t r0, std::int64_t r1) {
     impl::ScopedRegion r("vpce::loss_grad");
-    auto launch = [&](auto what) {
-      constexpr auto w = decltype(what)::value;
-      impl::Finalize<Scalar, memory_space, w> f{args, m_records, loss, m_lse, y, ld_y, g};
+    auto launch = [&](auto what, auto stored) {
+      impl::Finalize<Scalar, memory_space, decltype(what)::value, decltype(stored)::value> f{
+          args, m_records, loss, m_lse, y, ld_y, g, m_local_max};
       impl::for_rows("vpce::finalize", m_exec, r0, r1, f, teams);
     };
-    if (out == Out::grad) launch(std::integral_constant<impl::Write, impl::Write::grad>());
-    else if (out == Out::stash) launch(std::integral_constant<impl::Write, impl::Write::stash>());
-    else launch(std::integral_constant<impl::Write, impl::Write::loss>());
+    using W = impl::Write;
+    auto run_what = [&](auto stored) {
+      if (out == Out::grad) launch(std::integral_constant<W, W::grad>(), stored);
+      else if (out == Out::stash) launch(std::integral_constant<W, W::stash>(), stored);
+      else launch(std::integral_constant<W, W::loss>(), stored);
+    };
+    if (from_exp) run_what(std::true_type());
+    else run_what(std::false_type());
   };
 
   if (m_opt.strategy == Strategy::seed) {
@@ -251,8 +259,8 @@ void CrossEntropy<Scalar, ExecSpace>::run(const logits_view& logits, const targe
       const std::int64_t r1 = std::min(n_rows, r0 + m_block_rows);
       {
         impl::ScopedRegion r("vpce::stats");
-        impl::for_rows("vpce::local_stats", m_exec, r0, r1, impl::LocalStats<Scalar, memory_space>{args, m_records},
-                       teams);
+        impl::LocalStats<Scalar, memory_space> f{args, m_records, y, ld_y, m_local_max};
+        impl::for_rows("vpce::local_stats", m_exec, r0, r1, f, teams);
       }
       {
         impl::ScopedRegion r("vpce::collective");

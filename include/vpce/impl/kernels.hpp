@@ -135,22 +135,43 @@ struct KernelArgs {
   }
 };
 
-/// Local (m, s, t) of each row, one pass (the max loop's row is still in L1/L2 for the exp loop).
+/// Local (m, s, t) of each row: a max loop, then an exp loop over the same row (still in L1/L2). With
+/// `y` set, the exp loop also stores e_j = exp(x_j - m) there (the stash or gradient rows, possibly the
+/// logits' own buffer) and keeps m in `m_local`, so that Finalize only rescales: exp once per element.
 template <class T, class MemSpace>
 struct LocalStats {
   KernelArgs<T, MemSpace> a;
   Kokkos::View<RowStats<T>*, MemSpace> out;
+  T* y = nullptr;
+  std::int64_t ld_y = 0;
+  Kokkos::View<T*, MemSpace> m_local;
   template <class Inner>
   KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t i) const {
     const T* x = a.x + i * a.ld_x;
     const T m = in.template max<T>(a.n, [&](std::int64_t j) { return x[j]; });
-    T s = 0;
-    if (m != neg_inf<T>()) s = in.template sum<T>(a.n, [&](std::int64_t j) { return fast_exp(x[j] - m); });
     const std::int64_t c = a.local_target(i);
+    const T t = c >= 0 ? x[c] : T(0);  // read before y (which may alias x) is written
+    T s = 0;
+    if (y == nullptr) {
+      if (m != neg_inf<T>()) s = in.template sum<T>(a.n, [&](std::int64_t j) { return fast_exp(x[j] - m); });
+    } else {
+      T* yr = y + i * ld_y;
+      in.barrier();
+      if (m != neg_inf<T>()) {
+        s = in.template sum<T>(a.n, [&](std::int64_t j) {
+          const T e = fast_exp(x[j] - m);
+          yr[j] = e;
+          return e;
+        });
+      } else {
+        in.for_each(a.n, [&](std::int64_t j) { yr[j] = T(0); });
+      }
+    }
     in.single([&]() {
-      RowStats<T> r{m, s, c >= 0 ? x[c] : T(0)};
+      RowStats<T> r{m, s, t};
       if (!(s == s)) r.m = 0;  // NaN or +inf in the row: s is NaN; keep m finite for the merge
       out(i) = r;
+      if (y != nullptr) m_local(i) = m;
     });
   }
 };
@@ -199,8 +220,9 @@ struct GradScale {
 enum class Write { loss, stash, grad };
 
 /// After the collective: loss and lse per row, and, by `What`, the softmax stash or the gradient
-/// ((softmax - onehot) * g), written from the logits in the same pass.
-template <class T, class MemSpace, Write What>
+/// ((softmax - onehot) * g). With `FromExp` the rows already hold exp(x - m_local) (LocalStats stored
+/// them) and are rescaled by exp(m_local - lse); otherwise they are computed from the logits.
+template <class T, class MemSpace, Write What, bool FromExp>
 struct Finalize {
   KernelArgs<T, MemSpace> a;
   Kokkos::View<const RowStats<T>*, MemSpace> stats;
@@ -208,15 +230,21 @@ struct Finalize {
   T* y = nullptr;  ///< stash or gradient rows
   std::int64_t ld_y = 0;
   GradScale<T, MemSpace> g;
+  Kokkos::View<const T*, MemSpace> m_local;
   template <class Inner>
   KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t i) const {
     const RowStats<T> r = stats(i);
     const T l = r.m + kmath::log(r.s);
     if constexpr (What != Write::loss) {
-      const T* x = a.x + i * a.ld_x;
       T* yr = y + i * ld_y;
       const T scale = What == Write::grad ? g(i) : T(1);
-      in.for_each(a.n, [&](std::int64_t j) { yr[j] = fast_exp(x[j] - l) * scale; });
+      if constexpr (FromExp) {
+        const T f = fast_exp(m_local(i) - l) * scale;
+        in.for_each(a.n, [&](std::int64_t j) { yr[j] *= f; });
+      } else {
+        const T* x = a.x + i * a.ld_x;
+        in.for_each(a.n, [&](std::int64_t j) { yr[j] = fast_exp(x[j] - l) * scale; });
+      }
       if constexpr (What == Write::grad) {
         const std::int64_t c = a.local_target(i);
         in.barrier();

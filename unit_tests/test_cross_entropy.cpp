@@ -1,0 +1,254 @@
+// Correctness of vpce::CrossEntropy against the float64 host reference of the GLOBAL loss and gradient:
+// every strategy x memory mode x call path, over several partitions (uneven, zero-width ranks), block
+// sizes and the team-per-row kernels, lse(), zero tokens, and buffer reuse across calls.
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "test_utils.hpp"
+
+namespace {
+
+using namespace vpce_test;
+
+template <class C>
+class CrossEntropyTest : public ::testing::Test {
+ protected:
+  using scalar = typename C::scalar;
+  using cross_entropy = typename C::cross_entropy;
+  vpce::Communicator comm{MPI_COMM_WORLD};
+
+  /// Runs `path` with `opt` on `p` and EXPECTs the reference. Returns the outputs.
+  Outputs check(const vpce::VocabPartition& part, const vpce::Options& opt, const Problem& p, const Reference& ref,
+                Path path, const std::string& label) {
+    cross_entropy ce(comm, part, opt);
+    const auto in = make_local<C>(p, part);
+    const Outputs out = run_path<C>(ce, in, path);
+    const std::string what = label + ", " + describe(opt) + ", " + to_string(path);
+    expect_matches_reference<C>(out, ref, p, part.begin(), part.local_size(), path_scale(p, path), what);
+    return out;
+  }
+};
+
+TYPED_TEST_SUITE(CrossEntropyTest, AllConfigs, ConfigName);
+
+// Every strategy x memory mode x path x partition matches the reference.
+TYPED_TEST(CrossEntropyTest, MatchesReferenceEveryStrategyModeAndPath) {
+  using scalar = typename TestFixture::scalar;
+  std::uint64_t seed = 1;
+  for (const auto& np : test_partitions(this->comm)) {
+    const Problem p = make_problem<scalar>(37, np.part.vocab_size(), seed++);
+    const Reference ref = reference(p);
+    for (auto strategy : {vpce::Strategy::fused, vpce::Strategy::seed}) {
+      for (auto mode : {vpce::Mode::stash_softmax, vpce::Mode::recompute}) {
+        vpce::Options opt;
+        opt.strategy = strategy;
+        opt.mode = mode;
+        for (Path path : all_paths()) this->check(np.part, opt, p, ref, path, np.name);
+      }
+    }
+  }
+}
+
+// Fused and seed strategies give the same loss, lse and gradient as each other (strategy vs strategy).
+TYPED_TEST(CrossEntropyTest, FusedAndSeedStrategiesAgree) {
+  using scalar = typename TestFixture::scalar;
+  const auto part = vpce::VocabPartition::even(211, this->comm);
+  const Problem p = make_problem<scalar>(41, part.vocab_size(), 7);
+  const auto in = make_local<TypeParam>(p, part);
+  std::vector<Outputs> outs;
+  for (auto strategy : {vpce::Strategy::fused, vpce::Strategy::seed}) {
+    vpce::Options opt;
+    opt.strategy = strategy;
+    typename TestFixture::cross_entropy ce(this->comm, part, opt);
+    outs.push_back(run_path<TypeParam>(ce, in, Path::fused_view));
+  }
+  expect_allclose(outs[1].loss, outs[0].loss, Tolerance<scalar>::loss, "seed vs fused: loss");
+  expect_allclose(outs[1].lse, outs[0].lse, Tolerance<scalar>::loss, "seed vs fused: lse");
+  expect_allclose(outs[1].grad, outs[0].grad, Tolerance<scalar>::grad, "seed vs fused: grad", part.local_size());
+  // And both against the reference, so that two equally wrong strategies cannot pass.
+  const Reference ref = reference(p);
+  expect_matches_reference<TypeParam>(outs[0], ref, p, part.begin(), part.local_size(), p.g, "fused");
+  expect_matches_reference<TypeParam>(outs[1], ref, p, part.begin(), part.local_size(), p.g, "seed");
+}
+
+// lse() is the per-row log-sum-exp over the global vocabulary, after forward() and after loss_and_grad(),
+// with one entry per row of the last call.
+TYPED_TEST(CrossEntropyTest, LseIsTheGlobalLogSumExp) {
+  using scalar = typename TestFixture::scalar;
+  const auto part = vpce::VocabPartition::even(53, this->comm);
+  for (auto strategy : {vpce::Strategy::fused, vpce::Strategy::seed}) {
+    vpce::Options opt;
+    opt.strategy = strategy;
+    typename TestFixture::cross_entropy ce(this->comm, part, opt);
+    for (std::int64_t n : {19, 6}) {
+      const Problem p = make_problem<scalar>(n, part.vocab_size(), 100 + n);
+      const Reference ref = reference(p);
+      const auto in = make_local<TypeParam>(p, part);
+      auto loss = poisoned_vector<TypeParam>(n);
+      ce.forward(in.x, in.y, loss);
+      EXPECT_EQ(ce.lse().extent(0), std::size_t(n));
+      expect_allclose(to_host(ce.lse()), ref.lse, Tolerance<scalar>::loss, "lse after forward");
+      auto grad = poisoned_matrix<TypeParam>(n, part.local_size());
+      ce.loss_and_grad(in.x, in.y, loss, grad);
+      EXPECT_EQ(ce.lse().extent(0), std::size_t(n));
+      expect_allclose(to_host(ce.lse()), ref.lse, Tolerance<scalar>::loss, "lse after loss_and_grad");
+    }
+  }
+}
+
+// Options::block_rows 1, 3 (does not divide N), automatic, and larger than N; automatic with tiny blocks;
+// each with the host kernels and with the team-per-row (GPU-style) kernels: all match the reference and
+// each other.
+TYPED_TEST(CrossEntropyTest, BlockRowsAndTeamKernelsGiveTheSameResult) {
+  using scalar = typename TestFixture::scalar;
+  const std::int64_t n = 23;
+  for (const auto& np : test_partitions(this->comm)) {
+    const Problem p = make_problem<scalar>(n, np.part.vocab_size(), 31);
+    const Reference ref = reference(p);
+    const auto in = make_local<TypeParam>(p, np.part);
+    for (auto strategy : {vpce::Strategy::fused, vpce::Strategy::seed}) {
+      std::vector<Outputs> outs;
+      const std::int64_t block_rows[] = {1, 3, 0, n + 100, -1};  // -1: automatic with tiny blocks
+      for (std::int64_t rows : block_rows) {
+        for (bool teams : {false, true}) {
+          vpce::Options opt;
+          opt.strategy = strategy;
+          opt.mode = vpce::Mode::stash_softmax;
+          opt.force_team_kernels = teams;
+          opt.block_rows = rows < 0 ? 0 : rows;
+          if (rows < 0) opt.block_bytes_per_thread = 1;  // automatic, one row per thread
+          typename TestFixture::cross_entropy ce(this->comm, np.part, opt);
+          if (rows > 0) EXPECT_EQ(ce.block_rows(), rows);
+          EXPECT_GE(ce.block_rows(), 1);
+          const std::string what = np.name + ", " + describe(opt);
+          for (Path path : {Path::fused_view, Path::forward_backward_view}) {
+            outs.push_back(run_path<TypeParam>(ce, in, path));
+            expect_matches_reference<TypeParam>(outs.back(), ref, p, np.part.begin(), np.part.local_size(), p.g,
+                                                what + ", " + to_string(path));
+          }
+        }
+      }
+      for (std::size_t k = 1; k < outs.size(); ++k) {
+        expect_allclose(outs[k].loss, outs[0].loss, Tolerance<scalar>::loss, np.name + ": loss vs the first");
+        expect_allclose(outs[k].grad, outs[0].grad, Tolerance<scalar>::grad, np.name + ": grad vs the first",
+                        np.part.local_size());
+      }
+    }
+  }
+}
+
+// Ranks asking for different block_rows agree on the smallest (the fused strategy has one collective per
+// block, so every rank must use the same blocks).
+TYPED_TEST(CrossEntropyTest, DifferentBlockRowsPerRankAgreeOnTheSmallest) {
+  using scalar = typename TestFixture::scalar;
+  const auto part = vpce::VocabPartition::even(40, this->comm);
+  vpce::Options opt;
+  opt.block_rows = 2 + this->comm.rank();
+  typename TestFixture::cross_entropy ce(this->comm, part, opt);
+  EXPECT_EQ(ce.block_rows(), 2);
+  const Problem p = make_problem<scalar>(17, part.vocab_size(), 5);
+  const auto out = run_path<TypeParam>(ce, make_local<TypeParam>(p, part), Path::fused_view);
+  expect_matches_reference<TypeParam>(out, reference(p), p, part.begin(), part.local_size(), p.g, "block_rows 2+r");
+}
+
+// N = 0 tokens: every call works and returns empty results; the object still works afterwards.
+TYPED_TEST(CrossEntropyTest, ZeroTokens) {
+  using scalar = typename TestFixture::scalar;
+  for (const auto& np : test_partitions(this->comm)) {
+    for (auto strategy : {vpce::Strategy::fused, vpce::Strategy::seed}) {
+      for (auto mode : {vpce::Mode::stash_softmax, vpce::Mode::recompute}) {
+        vpce::Options opt;
+        opt.strategy = strategy;
+        opt.mode = mode;
+        typename TestFixture::cross_entropy ce(this->comm, np.part, opt);
+        const Problem empty = make_problem<scalar>(0, np.part.vocab_size(), 1);
+        const auto in = make_local<TypeParam>(empty, np.part);
+        for (Path path : all_paths()) {
+          bool threw = false;
+          try {
+            const Outputs out = run_path<TypeParam>(ce, in, path);
+            EXPECT_TRUE(out.loss.empty() && out.lse.empty() && out.grad.empty());
+          } catch (const std::exception& e) {
+            threw = true;
+            ADD_FAILURE() << np.name << ", " << describe(opt) << ", " << to_string(path) << ": N = 0 threw "
+                          << e.what();
+          }
+          EXPECT_TRUE(all_ranks(!threw));
+        }
+        expect_in_step<TypeParam>(ce);
+      }
+    }
+  }
+}
+
+// One object, calls with growing and shrinking N (work buffers reallocated and reused), every mode.
+TYPED_TEST(CrossEntropyTest, RepeatedCallsWithDifferentN) {
+  using scalar = typename TestFixture::scalar;
+  const auto part = vpce::VocabPartition::even(45, this->comm);
+  for (auto strategy : {vpce::Strategy::fused, vpce::Strategy::seed}) {
+    for (auto mode : {vpce::Mode::stash_softmax, vpce::Mode::recompute}) {
+      vpce::Options opt;
+      opt.strategy = strategy;
+      opt.mode = mode;
+      opt.block_rows = 4;
+      typename TestFixture::cross_entropy ce(this->comm, part, opt);
+      std::uint64_t seed = 300;
+      for (std::int64_t n : {13, 3, 29, 1, 29}) {
+        const Problem p = make_problem<scalar>(n, part.vocab_size(), seed++);
+        const Reference ref = reference(p);
+        const auto in = make_local<TypeParam>(p, part);
+        for (Path path : {Path::forward_backward_scalar, Path::fused_view}) {
+          const auto out = run_path<TypeParam>(ce, in, path);
+          expect_matches_reference<TypeParam>(out, ref, p, part.begin(), part.local_size(), path_scale(p, path),
+                                              describe(opt) + ", N " + std::to_string(n) + ", " + to_string(path));
+        }
+      }
+    }
+  }
+}
+
+// backward() may be called again after one forward(), with another scale: the forward's state is kept.
+TYPED_TEST(CrossEntropyTest, BackwardCanBeRepeated) {
+  using scalar = typename TestFixture::scalar;
+  const auto part = vpce::VocabPartition::even(33, this->comm);
+  const Problem p = make_problem<scalar>(11, part.vocab_size(), 77);
+  const Reference ref = reference(p);
+  const auto in = make_local<TypeParam>(p, part);
+  for (auto mode : {vpce::Mode::stash_softmax, vpce::Mode::recompute}) {
+    vpce::Options opt;
+    opt.mode = mode;
+    typename TestFixture::cross_entropy ce(this->comm, part, opt);
+    auto loss = poisoned_vector<TypeParam>(p.n);
+    ce.forward(in.x, in.y, loss);
+    expect_allclose(to_host(loss), ref.loss, Tolerance<scalar>::loss, describe(opt) + ": loss");
+    for (double scale : {1.0, -3.5, 0.125}) {
+      auto grad = poisoned_matrix<TypeParam>(p.n, part.local_size());
+      ce.backward(static_cast<scalar>(scale), grad);
+      expect_allclose(to_host(grad),
+                      expected_grad(ref, p, part.begin(), part.local_size(), std::vector<double>(p.n, scale)),
+                      Tolerance<scalar>::grad, describe(opt) + ": grad, scale " + std::to_string(scale),
+                      part.local_size());
+    }
+  }
+}
+
+// The default grad_scale of loss_and_grad is 1 (the gradient of the sum of the losses).
+TYPED_TEST(CrossEntropyTest, DefaultGradScaleIsOne) {
+  using scalar = typename TestFixture::scalar;
+  const auto part = vpce::VocabPartition::even(30, this->comm);
+  const Problem p = make_problem<scalar>(9, part.vocab_size(), 8);
+  const auto in = make_local<TypeParam>(p, part);
+  typename TestFixture::cross_entropy ce(this->comm, part);
+  auto loss = poisoned_vector<TypeParam>(p.n);
+  auto grad = poisoned_matrix<TypeParam>(p.n, part.local_size());
+  ce.loss_and_grad(in.x, in.y, loss, grad);
+  const Reference ref = reference(p);
+  expect_allclose(to_host(loss), ref.loss, Tolerance<scalar>::loss, "loss");
+  expect_allclose(to_host(grad), expected_grad(ref, p, part.begin(), part.local_size(), std::vector<double>(p.n, 1.0)),
+                  Tolerance<scalar>::grad, "grad", part.local_size());
+}
+
+}  // namespace
