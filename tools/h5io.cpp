@@ -13,7 +13,7 @@
 
 namespace vpce::tool {
 
-void agree(const Communicator& comm, const std::string& local_error) {
+void agree(const Communicator& comm, const std::string& local_error, bool tag_rank) {
   const int size = comm.size();
   int mine = local_error.empty() ? 0 : 1;
   std::vector<int> flags(size, 0);
@@ -27,7 +27,7 @@ void agree(const Communicator& comm, const std::string& local_error) {
   std::string text(local_error);
   text.resize(len);
   VPCE_MPI_CHECK(MPI_Bcast(text.data(), len, MPI_CHAR, root, comm.comm()));
-  if (!everywhere && size > 1) text += " (on rank " + std::to_string(root) + ")";
+  if (tag_rank && !everywhere && size > 1) text += " (on rank " + std::to_string(root) + ")";
   throw Error(text);
 }
 
@@ -41,8 +41,10 @@ herr_t collect_error(unsigned /*n*/, const H5E_error2_t* e, void* data) {
 
 template <class T>
 hid_t native_type() {
-  if constexpr (std::is_same_v<T, float>) return H5T_NATIVE_FLOAT;
-  else if constexpr (std::is_same_v<T, double>) return H5T_NATIVE_DOUBLE;
+  if constexpr (std::is_same_v<T, float>)
+    return H5T_NATIVE_FLOAT;
+  else if constexpr (std::is_same_v<T, double>)
+    return H5T_NATIVE_DOUBLE;
   else {
     static_assert(std::is_same_v<T, std::int64_t>, "float, double or int64 only");
     return H5T_NATIVE_INT64;
@@ -51,9 +53,12 @@ hid_t native_type() {
 
 template <class T>
 hid_t file_type() {
-  if constexpr (std::is_same_v<T, float>) return H5T_IEEE_F32LE;
-  else if constexpr (std::is_same_v<T, double>) return H5T_IEEE_F64LE;
-  else return H5T_STD_I64LE;
+  if constexpr (std::is_same_v<T, float>)
+    return H5T_IEEE_F32LE;
+  else if constexpr (std::is_same_v<T, double>)
+    return H5T_IEEE_F64LE;
+  else
+    return H5T_STD_I64LE;
 }
 
 std::string with_detail(const std::string& what) {
@@ -138,20 +143,22 @@ H5File H5File::open_read(const std::string& path, const Communicator& comm) {
   return f;
 }
 
-H5File H5File::create(const std::string& path, const Communicator& comm) {
+H5File H5File::create(const std::string& path, const Communicator& comm, const std::string& display) {
   H5File f(comm, path);
+  if (!display.empty()) f.m_display = display;
   std::string err;
   H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
   if (!fapl.valid() || H5Pset_fapl_mpio(fapl.get(), comm.comm(), MPI_INFO_NULL) < 0)
-    err = with_detail("vpce: " + path + ": cannot set up MPI-IO file access");
+    err = with_detail("vpce: " + f.m_display + ": cannot set up MPI-IO file access");
   if (err.empty()) {
     f.m_file = H5Handle(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
-    if (!f.m_file.valid()) err = with_detail("vpce: " + path + ": cannot create the file");
+    if (!f.m_file.valid())
+      err = with_detail("vpce: " + f.m_display + ": cannot create " + (display.empty() ? "the file" : path));
   }
   if (err.empty()) {
     f.m_dxpl = H5Handle(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
     if (!f.m_dxpl.valid() || H5Pset_dxpl_mpio(f.m_dxpl.get(), H5FD_MPIO_COLLECTIVE) < 0)
-      err = with_detail("vpce: " + path + ": cannot set up collective transfers");
+      err = with_detail("vpce: " + f.m_display + ": cannot set up collective transfers");
   }
   agree(comm, err);
   return f;
@@ -190,10 +197,18 @@ DatasetInfo H5File::info(const std::string& name) const {
       info.kind = DatasetInfo::Kind::integer;
       info.type_name = (H5Tget_sign(type.get()) == H5T_SGN_NONE ? "uint" : "int") + bits;
       break;
-    case H5T_STRING: info.type_name = "string"; break;
-    case H5T_ENUM: info.type_name = "enum (e.g. bool)"; break;
-    case H5T_COMPOUND: info.type_name = "compound"; break;
-    default: info.type_name = "a non-numeric type"; break;
+    case H5T_STRING:
+      info.type_name = "string";
+      break;
+    case H5T_ENUM:
+      info.type_name = "enum (e.g. bool)";
+      break;
+    case H5T_COMPOUND:
+      info.type_name = "compound";
+      break;
+    default:
+      info.type_name = "a non-numeric type";
+      break;
   }
   H5Eclear2(H5E_DEFAULT);
   return info;
@@ -243,14 +258,14 @@ void H5File::transfer_columns(bool write, const std::string& name, std::int64_t 
 }
 
 template <class T>
-void H5File::read_columns(const std::string& name, std::int64_t n_rows, std::int64_t col_begin,
-                          std::int64_t col_count, std::int64_t max_col_count, T* buf) const {
+void H5File::read_columns(const std::string& name, std::int64_t n_rows, std::int64_t col_begin, std::int64_t col_count,
+                          std::int64_t max_col_count, T* buf) const {
   transfer_columns<T>(false, name, n_rows, col_begin, col_count, max_col_count, buf);
 }
 
 template <class T>
-void H5File::write_columns(const std::string& name, std::int64_t n_rows, std::int64_t col_begin,
-                           std::int64_t col_count, std::int64_t max_col_count, const T* buf) {
+void H5File::write_columns(const std::string& name, std::int64_t n_rows, std::int64_t col_begin, std::int64_t col_count,
+                           std::int64_t max_col_count, const T* buf) {
   transfer_columns<T>(true, name, n_rows, col_begin, col_count, max_col_count, const_cast<T*>(buf));
 }
 
@@ -277,9 +292,9 @@ void H5File::create_dataset(const std::string& name, const std::vector<std::int6
     err = with_detail("vpce: " + m_display + ": cannot describe dataset " + name);
   }
   if (err.empty()) {
-    H5Handle dset(H5Dcreate2(m_file.get(), name.c_str(), file_type<T>(), space.get(), H5P_DEFAULT, dcpl.get(),
-                             H5P_DEFAULT),
-                  H5Dclose);
+    H5Handle dset(
+        H5Dcreate2(m_file.get(), name.c_str(), file_type<T>(), space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+        H5Dclose);
     if (!dset.valid()) err = with_detail("vpce: " + m_display + ": cannot create dataset " + name);
   }
   agree(m_comm, err);
@@ -313,8 +328,7 @@ void H5File::write_attribute(const std::string& name, const std::string& value) 
   if (rc >= 0) rc = H5Tset_size(type.get(), std::max<std::size_t>(1, value.size()));
   if (rc >= 0) rc = H5Tset_strpad(type.get(), H5T_STR_NULLPAD);
   if (rc >= 0) {
-    H5Handle attr(H5Acreate2(m_file.get(), name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT),
-                  H5Aclose);
+    H5Handle attr(H5Acreate2(m_file.get(), name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
     rc = attr.valid() ? H5Awrite(attr.get(), type.get(), value.empty() ? "" : value.data()) : -1;
   }
   if (rc < 0) err = with_detail("vpce: " + m_display + ": cannot write attribute " + name);
@@ -328,14 +342,14 @@ void H5File::close() {
   agree(m_comm, err);
 }
 
-template void H5File::read_columns<float>(const std::string&, std::int64_t, std::int64_t, std::int64_t,
-                                          std::int64_t, float*) const;
-template void H5File::read_columns<double>(const std::string&, std::int64_t, std::int64_t, std::int64_t,
-                                           std::int64_t, double*) const;
-template void H5File::write_columns<float>(const std::string&, std::int64_t, std::int64_t, std::int64_t,
-                                           std::int64_t, const float*);
-template void H5File::write_columns<double>(const std::string&, std::int64_t, std::int64_t, std::int64_t,
-                                            std::int64_t, const double*);
+template void H5File::read_columns<float>(const std::string&, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                                          float*) const;
+template void H5File::read_columns<double>(const std::string&, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                                           double*) const;
+template void H5File::write_columns<float>(const std::string&, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                                           const float*);
+template void H5File::write_columns<double>(const std::string&, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                                            const double*);
 template void H5File::read_all<std::int64_t>(const std::string&, std::int64_t, std::int64_t*) const;
 template void H5File::read_all<float>(const std::string&, std::int64_t, float*) const;
 template void H5File::read_all<double>(const std::string&, std::int64_t, double*) const;

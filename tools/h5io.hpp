@@ -18,8 +18,8 @@ namespace vpce::tool {
 
 /// Collective agreement on an error found by some ranks only: if any rank's `local_error` is not empty, every
 /// rank throws vpce::Error with the message of the lowest such rank (tagged "(on rank r)" when not every rank
-/// found an error).
-void agree(const Communicator& comm, const std::string& local_error);
+/// found an error and `tag_rank` is true; checks made by one rank for all pass false).
+void agree(const Communicator& comm, const std::string& local_error, bool tag_rank = true);
 
 /// Runs `f` on every rank; an exception it throws on any rank becomes the same vpce::Error on every rank.
 template <class F>
@@ -66,13 +66,12 @@ class H5File {
  public:
   /// Opens an existing file read-only. Errors (missing, a directory, not HDF5) name the file.
   static H5File open_read(const std::string& path, const Communicator& comm);
-  /// Creates (truncates) a file for writing.
-  static H5File create(const std::string& path, const Communicator& comm);
+  /// Creates (truncates) a file for writing; messages name it `display` (e.g. the final name of a temporary).
+  static H5File create(const std::string& path, const Communicator& comm, const std::string& display = {});
 
   const std::string& path() const noexcept { return m_path; }
   /// The name used in messages (the path the user gave).
   const std::string& display_name() const noexcept { return m_display; }
-  void set_display_name(std::string name) { m_display = std::move(name); }
 
   /// Metadata of a dataset by absolute name ("/logits"); not collective.
   DatasetInfo info(const std::string& name) const;

@@ -1,18 +1,19 @@
 /// \file vpce.cpp
 /// \brief The `vpce` command-line tool: main, argument parsing, and `vpce loss`.
 
+#include "vpce/vpce.hpp"
+
 #include <H5public.h>
 #include <mpi.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <Kokkos_Core.hpp>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <iostream>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -21,7 +22,6 @@
 
 #include "h5io.hpp"
 #include "tool.hpp"
-#include "vpce/vpce.hpp"
 
 namespace vpce::tool {
 
@@ -47,10 +47,11 @@ const char* const program_help =
 const char* const loss_help =
     "Usage: mpirun -n W vpce loss --input IN.h5 --output OUT.h5 [--grad] [OPTIONS]\n"
     "\n"
-    "Reads /logits (N x V, float32 or float64) and /targets (N, int64) from IN.h5 with parallel HDF5, each rank\n"
-    "only its own columns of the logits, and writes /loss (N, the logits' type) and, with --grad, /grad_logits\n"
-    "(N x V): the gradient of the SUM of the per-token losses. OUT.h5 is written under a temporary name in the\n"
-    "same folder and renamed when complete; on an error it is not created (an existing one is left as it was).\n"
+    "Reads /logits (N x V, float32 or float64) and /targets (N, int64; other integer types are converted) from\n"
+    "IN.h5 with parallel HDF5, each rank only its own columns of the logits, and writes /loss (N, the logits'\n"
+    "type) and, with --grad, /grad_logits (N x V): the gradient of the SUM of the per-token losses. OUT.h5 is\n"
+    "written under a temporary name in the same folder and renamed when complete; on an error it is not created\n"
+    "(an existing one is left as it was).\n"
     "\n"
     "Options:\n"
     "  --input FILE          input HDF5 file (required)\n"
@@ -75,9 +76,15 @@ std::string clean_message(std::string msg) {
   return msg;
 }
 
-std::string strip_prefix(const std::string& msg) {
-  return msg.rfind("vpce: ", 0) == 0 ? msg.substr(6) : msg;
+std::string dimensions(std::size_t n) { return std::to_string(n) + (n == 1 ? " dimension" : " dimensions"); }
+
+/// "has shape 6 x 23 x 1 (3 dimensions)", or "is a scalar".
+std::string shape_phrase(const std::vector<std::int64_t>& dims) {
+  if (dims.empty()) return "is a scalar";
+  return "has shape " + shape_string(dims) + " (" + dimensions(dims.size()) + ")";
 }
+
+std::string strip_prefix(const std::string& msg) { return msg.rfind("vpce: ", 0) == 0 ? msg.substr(6) : msg; }
 
 std::string folder_of(const std::string& path) {
   const auto slash = path.find_last_of('/');
@@ -92,12 +99,12 @@ std::string folder_of(const std::string& path) {
 
 Args::Args(std::string command, std::vector<Spec> specs, const std::vector<std::string>& argv)
     : m_command(std::move(command)) {
+  // Help wins over anything else on the line (even a mistake in it).
+  for (const auto& a : argv)
+    if (a == "-h" || a == "--help") m_help = true;
+  if (m_help) return;
   for (std::size_t k = 0; k < argv.size(); ++k) {
     const std::string& a = argv[k];
-    if (a == "-h" || a == "--help") {
-      m_help = true;
-      continue;
-    }
     if (a.rfind("--kokkos-", 0) == 0) continue;  // Kokkos' own (older Kokkos leave them in argv)
     if (a.size() < 3 || a.rfind("--", 0) != 0) usage_error("unexpected argument '" + a + "'");
     std::string name = a.substr(2), value;
@@ -137,15 +144,13 @@ std::string Args::required(const std::string& name) const {
   return get(name);
 }
 
-std::int64_t Args::get_int(const std::string& name, std::int64_t fallback, std::int64_t min,
-                           std::int64_t max) const {
+std::int64_t Args::get_int(const std::string& name, std::int64_t fallback, std::int64_t min, std::int64_t max) const {
   if (!has(name)) return fallback;
   const std::string v = get(name);
   errno = 0;
   char* end = nullptr;
   const long long x = std::strtoll(v.c_str(), &end, 10);
-  if (end == v.c_str() || *end != '\0' || errno == ERANGE)
-    usage_error("--" + name + " " + v + ": not an integer");
+  if (end == v.c_str() || *end != '\0' || errno == ERANGE) usage_error("--" + name + " " + v + ": not an integer");
   if (x < min || x > max)
     usage_error("--" + name + " " + v + ": must be in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
   return x;
@@ -188,7 +193,7 @@ void check_writable(const Communicator& comm, const std::string& path, const std
       err = "vpce: " + path + ": cannot write the " + what + ": it is a folder";
     }
   }
-  agree(comm, err);
+  agree(comm, err, false);
 }
 
 void write_text_file(const Communicator& comm, const std::string& path, const std::string& text) {
@@ -201,13 +206,14 @@ void write_text_file(const Communicator& comm, const std::string& path, const st
     } else {
       const bool wrote = std::fwrite(text.data(), 1, text.size(), f) == text.size();
       const bool closed = std::fclose(f) == 0;
-      if (!wrote || !closed) err = "vpce: " + path + ": writing " + tmp + " failed: " + std::strerror(errno);
+      if (!wrote || !closed)
+        err = "vpce: " + path + ": writing " + tmp + " failed: " + std::strerror(errno);
       else if (std::rename(tmp.c_str(), path.c_str()) != 0)
         err = "vpce: " + path + ": cannot rename " + tmp + " to it: " + std::strerror(errno);
       if (!err.empty()) std::remove(tmp.c_str());
     }
   }
-  agree(comm, err);
+  agree(comm, err, false);
 }
 
 // ------------------------------------------------------------------------------------------------ loss
@@ -312,8 +318,7 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, std::
   VPCE_MPI_CHECK(MPI_Bcast(&pid, 1, MPI_LONG_LONG, 0, comm.comm()));
   const std::string tmp = cfg.output + ".tmp." + std::to_string(pid);
   try {
-    H5File out = H5File::create(tmp, comm);
-    out.set_display_name(cfg.output + " (temporary " + tmp + ")");
+    H5File out = H5File::create(tmp, comm, cfg.output);
     out.create_dataset<T>("/loss", {n});
     if (cfg.grad) out.create_dataset<T>("/grad_logits", {n, v});
     out.write_attribute("vpce_version", VPCE_VERSION_STRING);
@@ -327,7 +332,7 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, std::
     std::string err;
     if (comm.rank() == 0 && std::rename(tmp.c_str(), cfg.output.c_str()) != 0)
       err = "vpce: " + cfg.output + ": cannot rename " + tmp + " to it: " + std::strerror(errno);
-    agree(comm, err);
+    agree(comm, err, false);
   } catch (...) {
     // Every rank gets here together (errors are agreed) and has closed the file: remove it once.
     MPI_Barrier(comm.comm());
@@ -390,15 +395,15 @@ int cmd_loss(const Communicator& comm, const std::vector<std::string>& argv) {
   };
   check(!li.exists, "no dataset /logits (expected N x V float32 or float64 logits)");
   check(li.exists && li.type_name == "not a dataset", "/logits is not a dataset");
-  check(li.dims.size() != 2, "dataset /logits has shape " + shape_string(li.dims) + " (" +
-                                 std::to_string(li.dims.size()) + " dimensions); expected 2 (tokens x vocabulary)");
+  check(li.dims.size() != 2,
+        "dataset /logits " + shape_phrase(li.dims) + "; expected 2 dimensions (tokens x vocabulary)");
   check(li.kind != DatasetInfo::Kind::floating || (li.type_size != 4 && li.type_size != 8),
         "dataset /logits has type " + li.type_name + "; expected float32 or float64");
   check(li.dims.size() == 2 && li.dims[1] == 0, "dataset /logits has 0 columns; the vocabulary must not be empty");
   check(!ti.exists, "no dataset /targets (expected N int64 target ids)");
   check(ti.exists && ti.type_name == "not a dataset", "/targets is not a dataset");
-  check(ti.dims.size() != 1, "dataset /targets has shape " + shape_string(ti.dims) + " (" +
-                                 std::to_string(ti.dims.size()) + " dimensions); expected 1 (one target per token)");
+  check(ti.dims.size() != 1,
+        "dataset /targets " + shape_phrase(ti.dims) + "; expected 1 dimension (one target per token)");
   check(ti.kind != DatasetInfo::Kind::integer, "dataset /targets has type " + ti.type_name + "; expected int64");
   check(ti.dims.size() == 1 && li.dims.size() == 2 && ti.dims[0] != li.dims[0],
         "dataset /targets has " + std::to_string(ti.dims.empty() ? 0 : ti.dims[0]) + " entries but /logits has " +
@@ -416,8 +421,10 @@ int cmd_loss(const Communicator& comm, const std::vector<std::string>& argv) {
   const VocabPartition part =
       cfg.have_partition ? VocabPartition::from_sizes(cfg.partition, comm, v) : VocabPartition::even(v, comm);
 
-  if (li.type_size == 4) run_loss<float>(comm, cfg, in, n, v, part);
-  else run_loss<double>(comm, cfg, in, n, v, part);
+  if (li.type_size == 4)
+    run_loss<float>(comm, cfg, in, n, v, part);
+  else
+    run_loss<double>(comm, cfg, in, n, v, part);
   return 0;
 }
 
@@ -443,10 +450,7 @@ int run(int argc, char** argv) {
   std::vector<std::string> args;
   for (int k = 1; k < argc; ++k)
     if (std::string(argv[k]).rfind("--kokkos-", 0) != 0) args.emplace_back(argv[k]);
-  if (args.empty()) {
-    print0(comm, program_help);
-    throw UsageError("vpce: no command given");
-  }
+  if (args.empty()) throw UsageError("vpce: no command given (expected loss, bench or demo; see 'vpce --help')");
   const std::string cmd = args[0];
   const std::vector<std::string> rest(args.begin() + 1, args.end());
   if (cmd == "-h" || cmd == "--help" || cmd == "help") {
@@ -520,7 +524,16 @@ int main(int argc, char** argv) {
 
   int code = 0;
   std::string message;
-  Kokkos::initialize(argc, argv);
+  // Kokkos 3.4 also reads unprefixed options (--help, --threads=...): give it only its --kokkos-* ones.
+  std::vector<char*> kokkos_argv{argv[0]};
+  for (int k = 1; k < argc; ++k)
+    if (std::string(argv[k]).rfind("--kokkos-", 0) == 0) kokkos_argv.push_back(argv[k]);
+  int kokkos_argc = static_cast<int>(kokkos_argv.size());
+  kokkos_argv.push_back(nullptr);
+  // Kokkos' OpenMP backend warns on every rank when OMP_PROC_BIND is unset. The OpenMP runtime has already read
+  // the environment (unset means no binding, the same as false), so this only silences that per-rank warning.
+  setenv("OMP_PROC_BIND", "false", 0);
+  Kokkos::initialize(kokkos_argc, kokkos_argv.data());
   try {
     code = vpce::tool::run(argc, argv);
   } catch (const vpce::tool::UsageError& e) {

@@ -1,0 +1,459 @@
+#!/usr/bin/env python3
+"""End-to-end tests of the `vpce` command-line tool (run by CTest; needs h5py and numpy).
+
+Suites:
+  loss      small HDF5 inputs (float32, float64), `vpce loss` with every strategy and mode, even and uneven
+            partitions (some with 0 columns on a rank), checked against a numpy float64 reference
+  errors    bad arguments and bad files: non-zero exit on every rank, one `vpce:` line naming the problem, no
+            output file (and an existing one untouched), no temporary file left
+  commands  --help, --version, `vpce bench` (table and JSON), `vpce demo`
+
+Every run goes through a tiny shell wrapper that appends each rank's exit status to a file, so the test
+sees every rank's status (and that every rank exited) rather than only mpiexec's.
+"""
+
+import argparse
+import glob
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+
+RUN_TIMEOUT = 90  # seconds per mpiexec run: a hang is a failure, not a stuck CTest
+
+
+class Failure(Exception):
+    pass
+
+
+class Result:
+    def __init__(self, statuses, stdout, stderr, argv):
+        self.statuses = statuses
+        self.stdout = stdout
+        self.stderr = stderr
+        self.argv = argv
+
+    def vpce_lines(self):
+        return [l for l in self.stderr.splitlines() if l.startswith("vpce:")]
+
+    def describe(self):
+        return ("command: %s\nstatuses: %s\n--- stdout ---\n%s\n--- stderr ---\n%s" %
+                (" ".join(shlex.quote(a) for a in self.argv), self.statuses, self.stdout, self.stderr))
+
+
+class Runner:
+    def __init__(self, opts):
+        self.vpce = opts.vpce
+        self.mpiexec = opts.mpiexec
+        self.np_flag = opts.numproc_flag
+        self.preflags = opts.preflag or []
+        self.np = opts.np
+        self.workdir = opts.workdir
+        self.count = 0
+
+    def run(self, args, env=None):
+        self.count += 1
+        status_file = os.path.join(self.workdir, "status.%d" % self.count)
+        if os.path.exists(status_file):
+            os.remove(status_file)
+        wrapper = '"$0" "$@"; echo $? >> %s' % shlex.quote(status_file)
+        argv = ([self.mpiexec, self.np_flag, str(self.np)] + self.preflags +
+                ["/bin/sh", "-c", wrapper, self.vpce] + [str(a) for a in args])
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=self.workdir,
+                                env=full_env, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=RUN_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            raise Failure("timed out after %d s (a hang?)\n%s" %
+                          (RUN_TIMEOUT, Result([], out, err, argv).describe()))
+        statuses = []
+        if os.path.exists(status_file):
+            with open(status_file) as f:
+                statuses = sorted(int(l) for l in f.read().split())
+            os.remove(status_file)
+        res = Result(statuses, out, err, argv)
+        if len(statuses) != self.np:
+            raise Failure("%d of %d ranks reported an exit status\n%s" % (len(statuses), self.np, res.describe()))
+        return res
+
+
+# ----------------------------------------------------------------------------------------------- inputs
+
+def write_input(path, logits=None, targets=None, **extra):
+    with h5py.File(path, "w") as f:
+        if logits is not None:
+            f["logits"] = logits
+        if targets is not None:
+            f["targets"] = targets
+        for name, value in extra.items():
+            f[name] = value
+
+
+def make_case(n, v, dtype, seed, special=True):
+    """Random logits with the awkward cases: one huge logit, a row whose first columns are all -inf (a whole
+    rank's slice with some partitions), a row shifted far down."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0.0, 3.0, size=(n, v))
+    t = rng.integers(0, v, size=n).astype(np.int64)
+    if special and n >= 4 and v >= 12:
+        x[1, 5] = 40.0
+        x[2, :10] = -np.inf
+        t[2] = v - 1
+        x[3, :] -= 60.0
+    return x.astype(dtype), t
+
+
+def reference(x, t):
+    """float64 loss, gradient and log-sum-exp per row."""
+    x = x.astype(np.float64)
+    n = x.shape[0]
+    m = np.max(x, axis=1, keepdims=True) if x.size else np.zeros((n, 1))
+    e = np.exp(x - m)
+    s = e.sum(axis=1, keepdims=True)
+    lse = (m + np.log(s))[:, 0]
+    loss = lse - x[np.arange(n), t]
+    grad = e / s
+    grad[np.arange(n), t] -= 1.0
+    return loss, grad, lse
+
+
+def tolerance(dtype, v):
+    """Largest error allowed, relative to max(1, |lse|) of the row (the loss is lse minus a logit; the gradient's
+    largest entries are probabilities times exp of lse's error): rounding of a sum of V exponentials grows like
+    sqrt(V) ulps; the order of summation differs between the strategies and numpy."""
+    eps = np.finfo(dtype).eps
+    return eps * (4.0 * np.sqrt(v) + 16.0)
+
+
+def leftovers(directory, output):
+    base = os.path.basename(output)
+    return [p for p in os.listdir(directory) if p.startswith(base + ".tmp.")]
+
+
+# ---------------------------------------------------------------------------------------------- suites
+
+def suite_loss(r):
+    n, v = 7, 23
+    checks = 0
+
+    def run_and_check(name, x, t, extra, grad=True, env=None, chunked=False):
+        nonlocal checks
+        inp = os.path.join(r.workdir, "in_%s.h5" % name)
+        out = os.path.join(r.workdir, "out_%s.h5" % name)
+        if chunked:  # big-endian, chunked and compressed: HDF5 converts and decompresses on the way in
+            with h5py.File(inp, "w") as f:
+                f.create_dataset("logits", data=x.astype(x.dtype.newbyteorder(">")), chunks=(3, 5),
+                                 compression="gzip")
+                f.create_dataset("targets", data=t.astype(">i8"))
+        else:
+            write_input(inp, x, t)
+        if os.path.exists(out):
+            os.remove(out)
+        res = r.run(["loss", "--input", inp, "--output", out, "--quiet"] + (["--grad"] if grad else []) + extra,
+                    env=env)
+        if res.statuses != [0] * r.np or res.vpce_lines():
+            raise Failure("%s: expected success\n%s" % (name, res.describe()))
+        if leftovers(r.workdir, out):
+            raise Failure("%s: temporary files left: %s" % (name, leftovers(r.workdir, out)))
+        want_loss, want_grad, lse = reference(x, t)
+        tol = tolerance(x.dtype, x.shape[1])
+        scale = np.maximum(1.0, np.abs(lse))
+        with h5py.File(out, "r") as f:
+            loss = f["loss"]
+            if loss.dtype != x.dtype or loss.shape != (x.shape[0],):
+                raise Failure("%s: /loss is %s %s, expected %s %s" % (name, loss.dtype, loss.shape, x.dtype,
+                                                                       (x.shape[0],)))
+            got = loss[...].astype(np.float64)
+            err = np.max(np.abs(got - want_loss) / scale, initial=0.0)
+            if not np.all(np.isfinite(got)) or err > tol:
+                raise Failure("%s: /loss differs from the float64 reference by %.3g relative to max(1, |lse|) "
+                              "(tolerance %.2g)\ngot  %s\nwant %s" % (name, err, tol, got, want_loss))
+            if grad:
+                g = f["grad_logits"]
+                if g.dtype != x.dtype or g.shape != x.shape:
+                    raise Failure("%s: /grad_logits is %s %s, expected %s %s" % (name, g.dtype, g.shape, x.dtype,
+                                                                                 x.shape))
+                got = g[...].astype(np.float64)
+                err = np.max(np.abs(got - want_grad) / scale[:, None], initial=0.0)
+                if not np.all(np.isfinite(got)) or err > tol:
+                    raise Failure("%s: /grad_logits differs from the float64 reference by %.3g relative to "
+                                  "max(1, |lse|) (tolerance %.2g)" % (name, err, tol))
+            elif "grad_logits" in f:
+                raise Failure("%s: /grad_logits written without --grad" % name)
+        checks += 1
+
+    partitions = {1: ["23"], 2: ["20,3", "0,23"], 3: ["10,0,13", "0,23,0"]}.get(r.np, [])
+    x32, t32 = make_case(n, v, "float32", 1)
+    x64, t64 = make_case(n, v, "float64", 2)
+    # Every strategy and mode in float32; two in float64; the uneven partitions (with a rank of 0 columns).
+    for strategy in ("fused", "seed"):
+        for mode in ("fused", "stash", "recompute"):
+            run_and_check("float32_%s_%s" % (strategy, mode), x32, t32, ["--strategy", strategy, "--mode", mode])
+    run_and_check("float64_fused_fused", x64, t64, ["--strategy", "fused", "--mode", "fused"])
+    run_and_check("float64_seed_recompute", x64, t64, ["--strategy", "seed", "--mode", "recompute"])
+    for k, part in enumerate(partitions):
+        if k == 0:
+            run_and_check("float32_part0_seed_stash", x32, t32, ["--partition", part, "--strategy", "seed",
+                                                                  "--mode", "stash"])
+            run_and_check("float64_part0_fused_fused", x64, t64, ["--partition", part])
+        else:
+            run_and_check("float64_part%d_fused_recompute" % k, x64, t64, ["--partition", part, "--mode",
+                                                                            "recompute"])
+    # The loss alone (no /grad_logits written).
+    x, t = make_case(n, v, "float32", 3)
+    run_and_check("loss_only_seed_stash", x, t, ["--strategy", "seed", "--mode", "stash"], grad=False)
+    # Tiny transfers: many collective blocks per dataset (uneven partition, so ranks differ in width).
+    run_and_check("blocked_io", x, t, ["--partition", partitions[-1]] if partitions else [],
+                  env={"VPCE_IO_BLOCK_BYTES": "24"})
+    # A vocabulary smaller than the number of ranks (even partition: some ranks own 0 columns).
+    xs, ts = make_case(5, max(1, r.np - 1), "float64", 4, special=False)
+    run_and_check("tiny_vocab", xs, ts, [])
+    # No tokens at all.
+    x0 = np.zeros((0, v), dtype=np.float32)
+    run_and_check("zero_tokens", x0, np.zeros((0,), dtype=np.int64), [])
+    # Other integer types for the targets are converted to int64.
+    x, t = make_case(n, v, "float64", 5)
+    run_and_check("int32_targets", x, t.astype(np.int32), ["--strategy", "seed"])
+    run_and_check("chunked_big_endian", x, t, ["--partition", partitions[0]] if partitions else [], chunked=True)
+    # Defaults (no --strategy, --mode), replacing an existing output.
+    out = os.path.join(r.workdir, "out_defaults.h5")
+    with open(out, "w") as f:
+        f.write("old")
+    run_and_check("defaults", x, t, [])
+    print("loss: %d runs checked against the float64 reference at %d rank(s)" % (checks, r.np))
+
+
+def suite_errors(r):
+    w = r.workdir
+    n, v = 6, 23
+    x, t = make_case(n, v, "float32", 7)
+    good = os.path.join(w, "good.h5")
+    write_input(good, x, t)
+    out = os.path.join(w, "out.h5")
+    cases = []  # (name, args, expected substrings, exit status, existing output content or None)
+
+    def add(name, args, expect, status=1, existing=None, parse_only=False):
+        # Pure command-line errors do not depend on the ranks: run them at 2 ranks only (saves time).
+        if not parse_only or r.np == 2:
+            cases.append((name, args, expect, status, existing))
+
+    def bad_file(name, **datasets):
+        path = os.path.join(w, name + ".h5")
+        with h5py.File(path, "w") as f:
+            for k, val in datasets.items():
+                if isinstance(val, str) and val == "group":
+                    f.create_group(k)
+                else:
+                    f[k] = val
+        return path
+
+    loss = ["loss", "--output", out, "--grad"]
+    # Files and datasets.
+    add("missing_input", loss + ["--input", os.path.join(w, "missing.h5")], ["missing.h5", "no such file"])
+    text = os.path.join(w, "text.h5")
+    with open(text, "w") as f:
+        f.write("not hdf5\n")
+    add("not_hdf5", loss + ["--input", text], ["text.h5", "not an HDF5 file"])
+    add("input_is_folder", loss + ["--input", w], ["is a directory"])
+    add("no_logits", loss + ["--input", bad_file("no_logits", targets=t)], ["no_logits.h5", "no dataset /logits"])
+    add("no_targets", loss + ["--input", bad_file("no_targets", logits=x)], ["no_targets.h5", "no dataset /targets"])
+    add("logits_group", loss + ["--input", bad_file("logits_group", logits="group", targets=t)],
+        ["/logits is not a dataset"])
+    add("logits_3d", loss + ["--input", bad_file("logits_3d", logits=x.reshape(n, v, 1), targets=t)],
+        ["dataset /logits has shape 6 x 23 x 1 (3 dimensions)", "expected 2 dimensions"])
+    add("logits_1d", loss + ["--input", bad_file("logits_1d", logits=x[0], targets=t)],
+        ["dataset /logits", "expected 2"])
+    add("logits_scalar", loss + ["--input", bad_file("logits_scalar", logits=np.float32(1.0), targets=t)],
+        ["dataset /logits is a scalar", "expected 2 dimensions"])
+    add("targets_2d", loss + ["--input", bad_file("targets_2d", logits=x, targets=t.reshape(n, 1))],
+        ["dataset /targets has shape 6 x 1 (2 dimensions)", "expected 1 dimension"])
+    add("logits_int", loss + ["--input", bad_file("logits_int", logits=x.astype(np.int32), targets=t)],
+        ["dataset /logits", "int32", "float32 or float64"])
+    add("logits_half", loss + ["--input", bad_file("logits_half", logits=x.astype(np.float16), targets=t)],
+        ["dataset /logits", "float16", "float32 or float64"])
+    add("targets_float", loss + ["--input", bad_file("targets_float", logits=x, targets=t.astype(np.float64))],
+        ["dataset /targets", "float64", "int64"])
+    add("targets_count", loss + ["--input", bad_file("targets_count", logits=x, targets=t[:5])],
+        ["dataset /targets has 5 entries but /logits has 6 rows"])
+    add("no_columns", loss + ["--input", bad_file("no_columns", logits=np.zeros((n, 0), np.float32), targets=t)],
+        ["dataset /logits", "0 columns"])
+    t_high = t.copy()
+    t_high[4] = v
+    add("target_too_large", loss + ["--input", bad_file("target_high", logits=x, targets=t_high)],
+        ["target_high.h5", "/targets", "entry 4 is 23", "[0, 23)"], existing=b"keep me")
+    t_neg = t.copy()
+    t_neg[0] = -1
+    add("target_negative", loss + ["--input", bad_file("target_neg", logits=x, targets=t_neg)],
+        ["/targets", "entry 0 is -1"])
+    x_nan = x.copy()
+    x_nan[3, 20] = np.nan  # on the last rank's columns
+    add("nan_logits", loss + ["--input", bad_file("nan_logits", logits=x_nan, targets=t)],
+        ["nan_logits.h5", "row 3", "NaN"], existing=b"previous output")
+    x_inf = x.astype(np.float64)
+    x_inf[1, 0] = np.inf
+    add("inf_logits", loss + ["--input", bad_file("inf_logits", logits=x_inf, targets=t), "--strategy", "seed"],
+        ["inf_logits.h5", "row 1", "+inf"])
+    # Output.
+    add("output_folder_missing", ["loss", "--input", good, "--output", os.path.join(w, "no", "such", "out.h5")],
+        ["no/such", "No such file or directory"])
+    add("output_is_folder", ["loss", "--input", good, "--output", w], ["it is a folder"])
+    if os.geteuid() != 0:
+        locked = os.path.join(w, "locked")
+        os.makedirs(locked, exist_ok=True)
+        os.chmod(locked, 0o555)
+        add("output_folder_readonly", ["loss", "--input", good, "--output", os.path.join(locked, "out.h5")],
+            ["locked", "Permission denied"])
+    elif os.path.isdir("/proc/self"):
+        # root may write anywhere except where the file system itself refuses: HDF5's create fails on every rank.
+        add("output_not_creatable", ["loss", "--input", good, "--output", "/proc/vpce_tool_test_out.h5"],
+            ["/proc/vpce_tool_test_out.h5", "cannot"])
+    # Command line.
+    add("unknown_option", loss + ["--input", good, "--bogus"], ["unknown option '--bogus'"], status=2, parse_only=True)
+    add("missing_value_end", ["loss", "--output", out, "--input"], ["--input needs a value"], status=2, parse_only=True)
+    add("missing_value_option", ["loss", "--input", "--output", out], ["--input needs a value"], status=2, parse_only=True)
+    add("missing_output", ["loss", "--input", good], ["--output is required"], status=2, parse_only=True)
+    add("missing_input_option", ["loss", "--output", out], ["--input is required"], status=2, parse_only=True)
+    add("bad_strategy", loss + ["--input", good, "--strategy", "ring"], ["--strategy ring", "fused | seed"],
+        status=2, parse_only=True)
+    add("bad_mode", loss + ["--input", good, "--mode", "lazy"], ["--mode lazy", "fused | stash | recompute"],
+        status=2, parse_only=True)
+    add("grad_with_value", loss + ["--input", good, "--grad=yes"], ["--grad takes no value"], status=2, parse_only=True)
+    add("stray_argument", loss + ["--input", good, "extra"], ["unexpected argument 'extra'"], status=2, parse_only=True)
+    sizes = ",".join(["5"] * (r.np + 1))
+    add("partition_count", loss + ["--input", good, "--partition", sizes],
+        ["--partition " + sizes, "gives %d sizes but there are %d ranks" % (r.np + 1, r.np)], status=2)
+    sizes = ",".join(["1"] * r.np)
+    add("partition_sum", loss + ["--input", good, "--partition", sizes],
+        ["--partition " + sizes, "adds up to %d" % r.np, "has 23"], status=2, existing=b"untouched")
+    add("partition_word", loss + ["--input", good, "--partition", "a" + ",1" * (r.np - 1)],
+        ["--partition", "'a' is not a column count"], status=2)
+    add("partition_negative", loss + ["--input", good, "--partition", ",".join(["-1"] + ["24"] * (r.np - 1))],
+        ["--partition", "'-1' is not a column count"], status=2)
+    add("partition_empty_item", loss + ["--input", good, "--partition", ",".join(["23"] + ["0"] * (r.np - 1)) + ","],
+        ["--partition"], status=2)
+    add("unknown_command", ["frobnicate"], ["unknown command 'frobnicate'"], status=2, parse_only=True)
+    add("no_command", [], ["no command given"], status=2, parse_only=True)
+    add("unknown_program_option", ["--bogus"], ["unknown option '--bogus'"], status=2, parse_only=True)
+
+    for name, args, expect, status, existing in cases:
+        target_out = out
+        if "--output" in args:
+            target_out = args[args.index("--output") + 1]
+        if os.path.isfile(out):
+            os.remove(out)
+        if existing is not None:
+            with open(out, "wb") as f:
+                f.write(existing)
+        res = r.run(args)
+        problems = []
+        if res.statuses != [status] * r.np:
+            problems.append("exit statuses %s, expected %d on every rank" % (res.statuses, status))
+        lines = res.vpce_lines()
+        if len(lines) != 1:
+            problems.append("%d 'vpce:' lines on stderr, expected exactly 1 (rank 0's)" % len(lines))
+        for e in expect:
+            if not any(e in l for l in lines):
+                problems.append("no 'vpce:' line contains %r" % e)
+        if existing is not None:
+            with open(out, "rb") as f:
+                if f.read() != existing:
+                    problems.append("the existing output file was changed")
+        elif target_out == out and os.path.exists(out):
+            problems.append("an output file was created")
+        folder = os.path.dirname(target_out) or "."
+        if os.path.isdir(folder) and leftovers(folder, target_out):
+            problems.append("temporary files left: %s" % leftovers(folder, target_out))
+        if problems:
+            raise Failure("%s: %s\n%s" % (name, "; ".join(problems), res.describe()))
+        print("ok %-24s %s" % (name, lines[0]))
+    print("errors: %d cases at %d rank(s)" % (len(cases), r.np))
+
+
+def suite_commands(r):
+    w = r.workdir
+    for args, expect in ((["--help"], "Commands:"), (["-h"], "Commands:"), (["loss", "--help"], "--partition"),
+                         (["bench", "-h"], "--json"), (["demo", "--help"], "--tokens"), (["--version"], "Kokkos")):
+        res = r.run(args)
+        if res.statuses != [0] * r.np or expect not in res.stdout or res.vpce_lines():
+            raise Failure("%s: expected success with %r on stdout\n%s" % (args, expect, res.describe()))
+        first = res.stdout.splitlines()[0]
+        if res.stdout.count(first + "\n") != 1:
+            raise Failure("%s: printed more than once (only rank 0 prints)\n%s" % (args, res.describe()))
+        print("ok %s" % " ".join(args))
+
+    js = os.path.join(w, "bench.json")
+    if os.path.exists(js):
+        os.remove(js)
+    res = r.run(["bench", "--tokens", 64, "--vocab", 1001, "--reps", 2, "--json", js])
+    if res.statuses != [0] * r.np or res.vpce_lines():
+        raise Failure("bench: expected success\n%s" % res.describe())
+    with open(js) as f:
+        records = json.load(f)
+    names = {rec["name"] for rec in records}
+    for want in ("copy", "loss_and_grad/fused", "loss_and_grad/seed", "forward_backward/seed/stash"):
+        if want not in names:
+            raise Failure("bench: no record %r in %s\n%s" % (want, sorted(names), res.describe()))
+    if any(rec["ranks"] != r.np or rec["tokens"] != 64 for rec in records):
+        raise Failure("bench: records with the wrong ranks or tokens: %s" % records)
+    if "loss_and_grad/fused" not in res.stdout or leftovers(w, js):
+        raise Failure("bench: no table on stdout, or a temporary JSON file left\n%s" % res.describe())
+    print("ok bench (%d records)" % len(records))
+    res = r.run(["bench", "--tokens", 0])
+    if res.statuses != [2] * r.np or not any("--tokens 0" in l for l in res.vpce_lines()):
+        raise Failure("bench --tokens 0: expected a usage error\n%s" % res.describe())
+    res = r.run(["bench", "--tokens", 8, "--vocab", 16, "--json", os.path.join(w, "nope", "b.json")])
+    if res.statuses != [1] * r.np or len(res.vpce_lines()) != 1 or "nope" not in res.vpce_lines()[0]:
+        raise Failure("bench --json in a missing folder: expected an error\n%s" % res.describe())
+    print("ok bench errors")
+
+    for args in (["--tokens", 96, "--vocab", 3001, "--reps", 1],
+                 ["--tokens", 40, "--vocab", 777, "--dtype", "float64", "--no-bench", "--check-rows", 40],
+                 ["--tokens", 16, "--vocab", max(1, r.np - 1), "--no-bench"]):
+        res = r.run(["demo"] + args)
+        if res.statuses != [0] * r.np or res.vpce_lines() or "mean loss" not in res.stdout:
+            raise Failure("demo %s: expected success\n%s" % (args, res.describe()))
+        if res.stdout.count(" ok\n") != 4 or "FAILED" in res.stdout:
+            raise Failure("demo %s: expected 4 passed checks\n%s" % (args, res.describe()))
+        if "--no-bench" not in args and "loss_and_grad/fused" not in res.stdout:
+            raise Failure("demo %s: no timing\n%s" % (args, res.describe()))
+        print("ok demo %s" % " ".join(str(a) for a in args))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--vpce", required=True, help="the vpce executable")
+    p.add_argument("--mpiexec", default="mpiexec")
+    p.add_argument("--numproc-flag", default="-n")
+    p.add_argument("--preflag", action="append", help="an mpiexec flag before the program (repeatable)")
+    p.add_argument("--np", type=int, default=2)
+    p.add_argument("--suite", choices=("loss", "errors", "commands"), required=True)
+    p.add_argument("--workdir", required=True)
+    opts = p.parse_args()
+    opts.vpce = os.path.abspath(opts.vpce)
+    shutil.rmtree(opts.workdir, ignore_errors=True)
+    os.makedirs(opts.workdir)
+    r = Runner(opts)
+    try:
+        {"loss": suite_loss, "errors": suite_errors, "commands": suite_commands}[opts.suite](r)
+    except Failure as e:
+        print("FAILED: %s" % e, file=sys.stderr)
+        return 1
+    finally:
+        for path in glob.glob(os.path.join(opts.workdir, "locked")):
+            os.chmod(path, 0o755)
+    print("PASSED (%d runs)" % r.count)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
