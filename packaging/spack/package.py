@@ -18,7 +18,6 @@ class Vpce(CMakePackage, CudaPackage):
 
     variant("openmp", default=True, description="Kokkos OpenMP backend for the host")
     variant("hdf5", default=True, description="Build the vpce command-line tool (parallel HDF5 input/output)")
-    variant("kokkos-kernels", default=False, description="Kokkos Kernels for the fused LM-head path (gemm)")
     variant("gpu_aware_mpi", default=False, description="Pass device buffers to MPI directly (needs a CUDA-aware MPI)")
     variant("tests", default=False, description="Build the unit tests (GoogleTest)")
 
@@ -27,7 +26,6 @@ class Vpce(CMakePackage, CudaPackage):
     depends_on("kokkos@3.4:")
     depends_on("kokkos+openmp", when="+openmp")
     depends_on("kokkos+serial", when="~openmp~cuda")
-    depends_on("kokkos-kernels", when="+kokkos-kernels")
     depends_on("hdf5+mpi", when="+hdf5")
     depends_on("googletest", type="build", when="+tests")
 
@@ -35,13 +33,11 @@ class Vpce(CMakePackage, CudaPackage):
 
     for arch in CudaPackage.cuda_arch_values:
         depends_on(f"kokkos+cuda+cuda_lambda cuda_arch={arch}", when=f"+cuda cuda_arch={arch}")
-        depends_on(f"kokkos-kernels+cuda cuda_arch={arch}", when=f"+cuda+kokkos-kernels cuda_arch={arch}")
 
     def cmake_args(self):
         args = [
             self.define("Kokkos_ROOT", self.spec["kokkos"].prefix),
             self.define_from_variant("VPCE_ENABLE_TOOL", "hdf5"),
-            self.define_from_variant("VPCE_ENABLE_KOKKOSKERNELS", "kokkos-kernels"),
             self.define_from_variant("VPCE_ENABLE_GPU_AWARE_MPI", "gpu_aware_mpi"),
             self.define_from_variant("VPCE_ENABLE_TESTS", "tests"),
             self.define("VPCE_ENABLE_BENCHMARKS", False),
