@@ -12,7 +12,9 @@
 
 #include "vpce/communicator.hpp"
 #include "vpce/error.hpp"
+#include "vpce/config.hpp"
 #include "vpce/half.hpp"
+#include "vpce/impl/compat.hpp"
 #include "vpce/impl/kernels.hpp"
 #include "vpce/options.hpp"
 #include "vpce/partition.hpp"
@@ -140,10 +142,11 @@ class CrossEntropy {
   // (View::HostMirror is deprecated in Kokkos 5: the mirror types are spelled through create_mirror_view.)
   using records_view = Kokkos::View<impl::RowStats<T>*, memory_space>;
   using seed_view = Kokkos::View<T**, Kokkos::LayoutLeft, memory_space>;
+  using staging = impl::staging_space_t<memory_space>;
   records_view m_records;
-  decltype(Kokkos::create_mirror_view(std::declval<records_view>())) m_records_host;
+  decltype(Kokkos::create_mirror_view(std::declval<staging>(), std::declval<records_view>())) m_records_host;
   seed_view m_seed;  // N x 4 (max, sum, target, logit sum) for the seed strategy
-  decltype(Kokkos::create_mirror_view(std::declval<seed_view>())) m_seed_host;
+  decltype(Kokkos::create_mirror_view(std::declval<staging>(), std::declval<seed_view>())) m_seed_host;
   Kokkos::View<T*, memory_space> m_lse;
   Kokkos::View<T*, memory_space> m_local_max;  // this rank's row max, kept between the two kernels
   Kokkos::View<T**, Kokkos::LayoutRight, memory_space> m_stash;

@@ -226,13 +226,13 @@ void CrossEntropy<Scalar, ExecSpace>::ensure_capacity(std::int64_t n, bool stash
   auto alloc = [](const char* label) { return Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)); };
   if (std::int64_t(m_records.extent(0)) < n) {
     m_records = records_view(alloc("vpce::records"), n);
-    m_records_host = Kokkos::create_mirror_view(m_records);
+    m_records_host = Kokkos::create_mirror_view(staging(), m_records);
     m_lse = Kokkos::View<T*, memory_space>(alloc("vpce::lse"), n);
     m_local_max = Kokkos::View<T*, memory_space>(alloc("vpce::m"), n);
   }
   if (m_opt.strategy == Strategy::seed && std::int64_t(m_seed.extent(0)) < n) {
     m_seed = seed_view(alloc("vpce::seed_stats"), n, 4);
-    m_seed_host = Kokkos::create_mirror_view(m_seed);
+    m_seed_host = Kokkos::create_mirror_view(staging(), m_seed);
   }
   if (stash && (std::int64_t(m_stash.extent(0)) < n || std::int64_t(m_stash.extent(1)) != m_part.local_size())) {
     m_stash = decltype(m_stash)();
@@ -359,25 +359,28 @@ void CrossEntropy<Scalar, ExecSpace>::compute(const logits_view& logits, const t
                      impl::LocalMax<Scalar, T, memory_space, Capped>{args, m_seed}, teams);
     }
     auto column = [&](auto& v, int col) { return Kokkos::subview(v, std::make_pair(std::int64_t(0), n_rows), col); };
-    {
+    // Built-in ops work on device buffers with a GPU-aware MPI; otherwise the column is staged on the host.
+    auto reduce_column = [&](int col, MPI_Op op) {
       impl::ScopedRegion r("vpce::collective");
-      Kokkos::deep_copy(m_exec, column(m_seed_host, 0), column(m_seed, 0));
+#if defined(VPCE_ENABLE_GPU_AWARE_MPI)
       impl::fence(m_exec, "vpce::before_allreduce");
-      impl::allreduce_builtin(column(m_seed_host, 0).data(), n_rows, MPI_MAX, comm);
-      Kokkos::deep_copy(m_exec, column(m_seed, 0), column(m_seed_host, 0));
-    }
+      impl::allreduce_builtin(column(m_seed, col).data(), n_rows, op, comm);
+#else
+      Kokkos::deep_copy(m_exec, column(m_seed_host, col), column(m_seed, col));
+      impl::fence(m_exec, "vpce::before_allreduce");
+      impl::allreduce_builtin(column(m_seed_host, col).data(), n_rows, op, comm);
+      Kokkos::deep_copy(m_exec, column(m_seed, col), column(m_seed_host, col));
+#endif
+    };
+    reduce_column(0, MPI_MAX);
     {
       impl::ScopedRegion r("vpce::stats");
       impl::for_rows("vpce::seed_sum_gather", m_exec, 0, n_rows,
                      impl::LocalSumGather<Scalar, T, memory_space, Capped>{args, m_seed}, teams);
     }
-    {
-      impl::ScopedRegion r("vpce::collective");
-      Kokkos::deep_copy(m_exec, m_seed_host, m_seed);
-      impl::fence(m_exec, "vpce::before_allreduce");
-      for (int col = 1; col < (m_opt.label_smoothing > 0 ? 4 : 3); ++col)
-        impl::allreduce_builtin(column(m_seed_host, col).data(), n_rows, MPI_SUM, comm);
-    }
+    for (int col = 1; col < (m_opt.label_smoothing > 0 ? 4 : 3); ++col) reduce_column(col, MPI_SUM);
+    Kokkos::deep_copy(m_exec, m_seed_host, m_seed);
+    impl::fence(m_exec, "vpce::seed_stats");
     for (std::int64_t i = 0; i < n_rows; ++i)
       m_records_host(i) = {m_seed_host(i, 0), m_seed_host(i, 1), m_seed_host(i, 2), m_seed_host(i, 3)};
     check_rows(0, n_rows);
