@@ -176,39 +176,15 @@ void CrossEntropy<Scalar, ExecSpace>::backward(T grad_scale, const grad_storage_
 
 template <class Scalar, class ExecSpace>
 std::string CrossEntropy<Scalar, ExecSpace>::check_targets(const targets_view& targets, std::int64_t* checksum) {
-  const std::int64_t n = targets.extent(0);
   const std::int64_t v = m_part.vocab_size();
-  const std::int64_t ignore = m_opt.ignore_index;
-  using policy = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
-  std::int64_t first_bad = n;
-  Kokkos::parallel_reduce(
-      "vpce::check_targets", policy(m_exec, 0, n),
-      KOKKOS_LAMBDA(std::int64_t i, std::int64_t & lo) {
-        const std::int64_t t = targets(i);
-        if ((t < 0 || t >= v) && t != ignore && i < lo) lo = i;
-      },
-      Kokkos::Min<std::int64_t>(first_bad));
-  // Order-independent checksum of (row, target) pairs: ranks given different targets are caught.
-  std::uint64_t sum = 0;
-  Kokkos::parallel_reduce(
-      "vpce::checksum_targets", policy(m_exec, 0, n),
-      KOKKOS_LAMBDA(std::int64_t i, std::uint64_t & s) {
-        std::uint64_t h = static_cast<std::uint64_t>(targets(i)) * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(i);
-        h ^= h >> 31;
-        s += h * 0xBF58476D1CE4E5B9ull;
-      },
-      sum);
-  std::int64_t n_valid = 0;
-  Kokkos::parallel_reduce(
-      "vpce::count_valid", policy(m_exec, 0, n),
-      KOKKOS_LAMBDA(std::int64_t i, std::int64_t & c) { c += targets(i) != ignore ? 1 : 0; }, n_valid);
-  m_n_valid = n_valid;
-  *checksum = static_cast<std::int64_t>(sum >> 1);
-  if (first_bad >= n) return {};  // the Min reducer starts from the largest int64
+  const auto c = impl::check_targets(m_exec, targets, v, m_opt.ignore_index);
+  m_n_valid = c.n_valid;
+  *checksum = c.checksum;
+  if (c.first_bad == std::int64_t(targets.extent(0))) return {};
   std::int64_t bad = 0;
-  Kokkos::deep_copy(bad, Kokkos::subview(targets, first_bad));
-  return "vpce: target " + std::to_string(bad) + " of row " + std::to_string(first_bad) + " is outside [0, " +
-         std::to_string(v) + ") and is not ignore_index (" + std::to_string(ignore) + ")";
+  Kokkos::deep_copy(bad, Kokkos::subview(targets, c.first_bad));
+  return "vpce: target " + std::to_string(bad) + " of row " + std::to_string(c.first_bad) + " is outside [0, " +
+         std::to_string(v) + ") and is not ignore_index (" + std::to_string(m_opt.ignore_index) + ")";
 }
 
 template <class Scalar, class ExecSpace>
@@ -248,18 +224,15 @@ void CrossEntropy<Scalar, ExecSpace>::check_rows(std::int64_t row0, std::int64_t
   for (std::int64_t i = row0; i < row1; ++i) {
     const auto& r = m_records_host(i);
     VPCE_THROW_IF(std::isnan(r.s), "row " + std::to_string(i) + " of the logits holds NaN or +inf");
-    VPCE_THROW_IF(r.m == -std::numeric_limits<T>::infinity(),
+    VPCE_THROW_IF(r.m == impl::neg_inf<T>(),
                   "every logit of row " + std::to_string(i) + " is -inf: the loss is undefined");
   }
 }
 
 template <class Scalar, class ExecSpace>
 void CrossEntropy<Scalar, ExecSpace>::reduce_loss(const loss_view& loss) {
-  double sum = 0;
-  Kokkos::parallel_reduce(
-      "vpce::reduce_loss", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(m_exec, 0, loss.extent(0)),
-      KOKKOS_LAMBDA(std::int64_t i, double& s) { s += double(loss(i)); }, sum);
-  m_reduced_loss = m_opt.reduction == Reduction::mean ? (m_n_valid > 0 ? sum / double(m_n_valid) : 0.0) : sum;
+  const double total = impl::sum(m_exec, loss);
+  m_reduced_loss = m_opt.reduction == Reduction::mean ? (m_n_valid > 0 ? total / double(m_n_valid) : 0.0) : total;
 }
 
 template <class Scalar, class ExecSpace>

@@ -4,7 +4,8 @@
 
 #include <Kokkos_Core.hpp>
 
-#include <limits>
+#include <cmath>
+#include <type_traits>
 
 #include "vpce/impl/math.hpp"
 
@@ -21,7 +22,12 @@ struct RowStats {
 
 template <class T>
 KOKKOS_INLINE_FUNCTION T neg_inf() {
-  return -std::numeric_limits<T>::infinity();
+  // HUGE_VAL(F) are constant expressions on the host and on devices (numeric_limits is host-only in CUDA).
+  if constexpr (std::is_same_v<T, float>) {
+    return -HUGE_VALF;
+  } else {
+    return -HUGE_VAL;
+  }
 }
 
 /// The associative, commutative merge of two partials (DESIGN.md section 1). A partial whose m is -inf
