@@ -44,8 +44,9 @@ std::pair<double, double> time_op(const Communicator& comm, int reps, const std:
 }
 
 /// Deterministic pseudo-random logits shaped like an LM head's: Gaussian-ish noise with a column bias.
-template <class T>
-void fill(Kokkos::View<T**, Kokkos::LayoutRight> x, std::int64_t begin, std::uint64_t seed) {
+template <class S>
+void fill(Kokkos::View<S**, Kokkos::LayoutRight> x, std::int64_t begin, std::uint64_t seed) {
+  using T = compute_type_t<S>;
   const std::int64_t v = x.extent(1);
   Kokkos::parallel_for(
       "vpce_bench::fill", Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(0, x.extent(0)),
@@ -57,20 +58,22 @@ void fill(Kokkos::View<T**, Kokkos::LayoutRight> x, std::int64_t begin, std::uin
           h ^= h >> 33;
           // sum of two uniforms: triangular noise on [-4, 4], plus a smooth column bias
           const double u1 = double(h & 0xffffffu) / 16777216.0, u2 = double((h >> 24) & 0xffffffu) / 16777216.0;
-          x(i, j) = T(4.0 * (u1 + u2 - 1.0) - 2.0 * double(j + begin) / double(v + begin + 1));
+          x(i, j) = S(T(4.0 * (u1 + u2 - 1.0) - 2.0 * double(j + begin) / double(v + begin + 1)));
         }
       });
 }
 
-template <class T>
+/// S: the logits' storage type; the gradient is written in S too (bytes counted at sizeof(S) per logit).
+template <class S>
 std::vector<Record> run_typed(const Communicator& comm, const Config& cfg) {
+  using T = compute_type_t<S>;
   const auto part = VocabPartition::even(cfg.vocab, comm);
   const std::int64_t n = cfg.tokens, v = part.local_size();
   std::int64_t v_max = 0;
   MPI_Allreduce(&v, &v_max, 1, MPI_INT64_T, MPI_MAX, comm.comm());
 
-  Kokkos::View<T**, Kokkos::LayoutRight> logits(Kokkos::view_alloc(Kokkos::WithoutInitializing, "logits"), n, v);
-  Kokkos::View<T**, Kokkos::LayoutRight> out(Kokkos::view_alloc(Kokkos::WithoutInitializing, "out"), n, v);
+  Kokkos::View<S**, Kokkos::LayoutRight> logits(Kokkos::view_alloc(Kokkos::WithoutInitializing, "logits"), n, v);
+  Kokkos::View<S**, Kokkos::LayoutRight> out(Kokkos::view_alloc(Kokkos::WithoutInitializing, "out"), n, v);
   Kokkos::View<std::int64_t*> targets("targets", n);
   Kokkos::View<T*> loss("loss", n);
   fill(logits, part.begin(), 12345);
@@ -78,10 +81,10 @@ std::vector<Record> run_typed(const Communicator& comm, const Config& cfg) {
   Kokkos::parallel_for(
       "vpce_bench::targets", Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(0, n),
       KOKKOS_LAMBDA(std::int64_t i) { targets(i) = std::int64_t((std::uint64_t(i) * 2654435761ull) % vocab); });
-  Kokkos::deep_copy(out, T(0));  // first touch
+  Kokkos::deep_copy(out, S(T(0)));  // first touch
   Kokkos::fence();
 
-  const double elem_bytes = double(n) * double(v_max) * sizeof(T);
+  const double elem_bytes = double(n) * double(v_max) * sizeof(S);
   std::vector<Record> recs;
   auto add = [&](const std::string& name, double bytes, const std::function<void()>& op) {
     if (!wanted(cfg, name) && name != "copy") return;
@@ -104,8 +107,8 @@ std::vector<Record> run_typed(const Communicator& comm, const Config& cfg) {
   add("copy", 2 * elem_bytes, [&] {
     Kokkos::parallel_for(
         "vpce_bench::copy", Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(0, n), KOKKOS_LAMBDA(std::int64_t i) {
-          const T* src = &logits(i, 0);
-          T* dst = &out(i, 0);
+          const S* src = &logits(i, 0);
+          S* dst = &out(i, 0);
           for (std::int64_t j = 0; j < v; ++j) dst[j] = src[j];
         });
   });
@@ -115,7 +118,7 @@ std::vector<Record> run_typed(const Communicator& comm, const Config& cfg) {
     if (wanted(cfg, "loss_and_grad/" + s)) {
       Options opt;
       opt.strategy = strategy;
-      CrossEntropy<T> ce(comm, part, opt);
+      CrossEntropy<S> ce(comm, part, opt);
       add("loss_and_grad/" + s, 2 * elem_bytes, [&] { ce.loss_and_grad(logits, targets, loss, out, T(1)); });
     }
     for (auto mode : {Mode::recompute, Mode::stash_softmax}) {
@@ -126,12 +129,14 @@ std::vector<Record> run_typed(const Communicator& comm, const Config& cfg) {
       Options opt;
       opt.strategy = strategy;
       opt.mode = mode;
-      CrossEntropy<T> ce(comm, part, opt);
+      CrossEntropy<S> ce(comm, part, opt);
       const bool stash = mode == Mode::stash_softmax;
-      // forward reads the logits (and writes the stash); backward reads logits or stash, writes the gradient.
-      add("forward/" + suffix, (stash ? 2 : 1) * elem_bytes, [&] { ce.forward(logits, targets, loss); });
-      add("backward/" + suffix, 2 * elem_bytes, [&] { ce.backward(T(1), out); });
-      add("forward_backward/" + suffix, (stash ? 4 : 3) * elem_bytes, [&] {
+      // forward reads the logits (and writes the stash, in the compute type); backward reads logits or
+      // stash and writes the gradient.
+      const double stash_bytes = elem_bytes * double(sizeof(T)) / double(sizeof(S));
+      add("forward/" + suffix, elem_bytes + (stash ? stash_bytes : 0), [&] { ce.forward(logits, targets, loss); });
+      add("backward/" + suffix, (stash ? stash_bytes : elem_bytes) + elem_bytes, [&] { ce.backward(T(1), out); });
+      add("forward_backward/" + suffix, (stash ? 2 * stash_bytes + 2 * elem_bytes : 3 * elem_bytes), [&] {
         ce.forward(logits, targets, loss);
         ce.backward(T(1), out);
       });
@@ -149,7 +154,9 @@ std::vector<Record> run(const Communicator& comm, const Config& config) {
                 "bench: --tokens, --vocab and --reps must be positive");
   if (config.dtype == "float32") return run_typed<float>(comm, config);
   if (config.dtype == "float64") return run_typed<double>(comm, config);
-  VPCE_THROW_IF(true, "bench: unknown dtype '" + config.dtype + "' (expected float32 or float64)");
+  if (config.dtype == "bfloat16") return run_typed<bfloat16>(comm, config);
+  if (config.dtype == "float16") return run_typed<float16>(comm, config);
+  VPCE_THROW_IF(true, "bench: unknown dtype '" + config.dtype + "' (expected float32, float64, bfloat16 or float16)");
 }
 
 std::string to_json(const std::vector<Record>& records) {

@@ -16,7 +16,7 @@ namespace vpce::bench {
 struct Config {
   std::int64_t tokens = 4096;
   std::int64_t vocab = 65536;      ///< global vocabulary; split evenly over the ranks
-  std::string dtype = "float32";   ///< float32 | float64
+  std::string dtype = "float32";   ///< float32 | float64 | bfloat16 | float16 (logits and gradient)
   int reps = 10;                   ///< timed repetitions (after one warm-up)
   std::vector<std::string> only;   ///< if not empty: run only records whose name starts with one of these
 };

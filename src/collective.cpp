@@ -19,8 +19,8 @@ constexpr std::int64_t max_count = INT_MAX / 4;
 
 template <class T>
 StatsReduction<T>::StatsReduction() {
-  static_assert(sizeof(RowStats<T>) == 3 * sizeof(T), "RowStats must be three packed scalars");
-  VPCE_MPI_CHECK(MPI_Type_contiguous(3, mpi_datatype<T>(), &m_type));
+  static_assert(sizeof(RowStats<T>) == 4 * sizeof(T), "RowStats must be four packed scalars");
+  VPCE_MPI_CHECK(MPI_Type_contiguous(4, mpi_datatype<T>(), &m_type));
   VPCE_MPI_CHECK(MPI_Type_commit(&m_type));
   VPCE_MPI_CHECK(MPI_Op_create(&merge_op<T>, /*commute=*/1, &m_op));
 }

@@ -26,8 +26,10 @@ Communicator::State::~State() {
 }
 
 void Communicator::agree_or_throw(const std::string& local_error, std::initializer_list<MustMatch> must_match) const {
-  // One MAX all-reduce carries: -(lowest rank with an error), and (v, -v) for each value to match.
-  std::vector<std::int64_t> in{-static_cast<std::int64_t>(local_error.empty() ? size() : rank())};
+  // One MAX all-reduce carries: -(lowest rank with an error), whether some rank found none, and (v, -v)
+  // for each value to match.
+  std::vector<std::int64_t> in{-static_cast<std::int64_t>(local_error.empty() ? size() : rank()),
+                               local_error.empty() ? 1 : 0};
   for (const auto& m : must_match) {
     in.push_back(m.value);
     in.push_back(-m.value);
@@ -41,9 +43,10 @@ void Communicator::agree_or_throw(const std::string& local_error, std::initializ
     std::string text(local_error);
     text.resize(len);
     VPCE_MPI_CHECK(MPI_Bcast(text.data(), len, MPI_CHAR, first, comm()));
-    throw Error(size() > 1 ? text + " (found on rank " + std::to_string(first) + ")" : text);
+    const bool everywhere = out[1] == 0;
+    throw Error(everywhere ? text : text + " (found on rank " + std::to_string(first) + ")");
   }
-  std::size_t k = 1;
+  std::size_t k = 2;
   for (const auto& m : must_match) {
     const std::int64_t hi = out[k], lo = -out[k + 1];
     k += 2;

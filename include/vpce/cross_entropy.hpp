@@ -12,8 +12,11 @@
 
 #include "vpce/communicator.hpp"
 #include "vpce/error.hpp"
+#include "vpce/config.hpp"
+#include "vpce/half.hpp"
+#include "vpce/impl/compat.hpp"
+#include "vpce/impl/kernels.hpp"
 #include "vpce/options.hpp"
-#include "vpce/impl/row_stats.hpp"
 #include "vpce/partition.hpp"
 
 namespace vpce {
@@ -26,53 +29,77 @@ class StatsReduction;
 /// Cross entropy over logits whose vocabulary is split across the ranks of a communicator.
 ///
 /// Row i of `logits` (N x V_local, LayoutRight) holds this rank's columns [partition.begin(), end()) of
-/// token i; `targets` (N, int64, the same on every rank) holds global column ids in [0, V). Per token,
-/// loss_i = log(sum_j exp(x_ij)) - x_{i,target_i} over the GLOBAL vocabulary, and the gradient of
-/// sum_i g_i * loss_i with respect to the local logits is (softmax - onehot) * g_i.
+/// token i; `targets` (N, int64, the same on every rank) holds global column ids in [0, V) or
+/// Options::ignore_index. Per token, loss_i = log(sum_j exp(x_ij)) - x_{i,target_i} over the GLOBAL
+/// vocabulary (plus the options of vpce::Options), and the gradient of sum_i g_i * loss_i with respect to
+/// the local logits is (softmax - onehot) * g_i.
+///
+/// `Scalar` is the logits' storage type: float, double, vpce::bfloat16 or vpce::float16. 16-bit logits
+/// are computed in float (`compute_type`); loss, lse and incoming gradients are in `compute_type`; the
+/// gradient is written in `compute_type` or, for 16-bit logits, in the logits' own type (caller's choice
+/// of View).
 ///
 /// forward(), loss_and_grad() and the constructor are collective over the communicator; backward() does
 /// not communicate. Every collective call checks its inputs on every rank and, if any rank found a
 /// problem, throws the same vpce::Error on every rank. Results are complete when a call returns.
 template <class Scalar, class ExecSpace = Kokkos::DefaultExecutionSpace>
 class CrossEntropy {
-  static_assert(std::is_same_v<Scalar, float> || std::is_same_v<Scalar, double>,
-                "vpce::CrossEntropy supports float and double logits");
+  static_assert(std::is_same_v<Scalar, float> || std::is_same_v<Scalar, double> || is_16bit_v<Scalar>,
+                "vpce::CrossEntropy supports float, double, vpce::bfloat16 and vpce::float16 logits");
+  struct Unused {};
 
  public:
   using scalar_type = Scalar;
+  using compute_type = compute_type_t<Scalar>;
   using execution_space = ExecSpace;
   using memory_space = typename ExecSpace::memory_space;
   using logits_view = Kokkos::View<const Scalar**, Kokkos::LayoutRight, memory_space>;
   using targets_view = Kokkos::View<const std::int64_t*, memory_space>;
-  using loss_view = Kokkos::View<Scalar*, memory_space>;
-  using grad_view = Kokkos::View<Scalar**, Kokkos::LayoutRight, memory_space>;
-  using grad_loss_view = Kokkos::View<const Scalar*, memory_space>;
+  using loss_view = Kokkos::View<compute_type*, memory_space>;
+  using grad_view = Kokkos::View<compute_type**, Kokkos::LayoutRight, memory_space>;
+  /// For 16-bit logits: a gradient in the logits' own type (may be the logits' buffer).
+  using grad_storage_view =
+      std::conditional_t<is_16bit_v<Scalar>, Kokkos::View<Scalar**, Kokkos::LayoutRight, memory_space>, Unused>;
+  using grad_loss_view = Kokkos::View<const compute_type*, memory_space>;
 
-  /// Collective: checks that the partition and the options are the same on every rank.
+  /// Collective: checks the options and that they, and the partition, are the same on every rank.
   CrossEntropy(const Communicator& comm, const VocabPartition& partition, const Options& options = {},
                const ExecSpace& exec = ExecSpace());
   ~CrossEntropy();
   CrossEntropy(const CrossEntropy&) = delete;
   CrossEntropy& operator=(const CrossEntropy&) = delete;
 
-  /// Per-token loss. Keeps for backward() what options().mode says: the softmax (stash_softmax) or the
-  /// per-row lse together with a reference to `logits`, which must then stay unchanged until backward().
+  /// Per-token loss (0 for ignored rows). Keeps for backward() what options().mode says: the stash
+  /// (N x V_local) or the per-row lse together with a reference to `logits`, which must then stay
+  /// unchanged until backward().
   void forward(const logits_view& logits, const targets_view& targets, const loss_view& loss);
 
-  /// Gradient of sum_i grad_loss(i) * loss_i with respect to the logits of the last forward().
+  /// Gradient, with respect to the logits of the last forward(), of sum_i grad_loss(i) * loss_i
+  /// (Reduction::none only).
   void backward(const grad_loss_view& grad_loss, const grad_view& grad_logits);
-  /// The same with grad_loss(i) = grad_scale for every row (grad_scale = 1: the gradient of the sum).
-  void backward(Scalar grad_scale, const grad_view& grad_logits);
+  void backward(const grad_loss_view& grad_loss, const grad_storage_view& grad_logits);
+  /// Gradient of grad_scale * L, where L is the sum of the per-token losses (Reduction::none and ::sum)
+  /// or their mean over the non-ignored tokens (Reduction::mean).
+  void backward(compute_type grad_scale, const grad_view& grad_logits);
+  void backward(compute_type grad_scale, const grad_storage_view& grad_logits);
 
-  /// Loss and gradient in one collective call and one pass over the logits, with nothing kept.
-  /// `grad_logits` may be the logits' own buffer (the gradient then overwrites them).
+  /// Loss and gradient (as backward() with the same arguments would give) in one collective call and one
+  /// pass over the logits, with nothing kept. `grad_logits` may be the logits' own buffer.
   void loss_and_grad(const logits_view& logits, const targets_view& targets, const loss_view& loss,
-                     const grad_view& grad_logits, Scalar grad_scale = Scalar(1));
+                     const grad_view& grad_logits, compute_type grad_scale = compute_type(1));
+  void loss_and_grad(const logits_view& logits, const targets_view& targets, const loss_view& loss,
+                     const grad_storage_view& grad_logits, compute_type grad_scale = compute_type(1));
   void loss_and_grad(const logits_view& logits, const targets_view& targets, const loss_view& loss,
                      const grad_view& grad_logits, const grad_loss_view& grad_loss);
+  void loss_and_grad(const logits_view& logits, const targets_view& targets, const loss_view& loss,
+                     const grad_storage_view& grad_logits, const grad_loss_view& grad_loss);
 
   /// log(sum_j exp(x_ij)) over the global vocabulary, per row, of the last forward() or loss_and_grad().
-  Kokkos::View<const Scalar*, memory_space> lse() const { return m_lse_out; }
+  Kokkos::View<const compute_type*, memory_space> lse() const { return m_lse_out; }
+  /// The per-token losses of the last call reduced as Options::reduction says (the sum for none).
+  double reduced_loss() const noexcept { return m_reduced_loss; }
+  /// Rows of the last call whose target is not ignore_index.
+  std::int64_t num_valid() const noexcept { return m_n_valid; }
 
   const Communicator& communicator() const noexcept { return m_comm; }
   const VocabPartition& partition() const noexcept { return m_part; }
@@ -81,13 +108,27 @@ class CrossEntropy {
   std::int64_t block_rows() const noexcept { return m_block_rows; }
 
  private:
+  using T = compute_type;
   enum class Out { loss, stash, grad };
-  void run(const logits_view& logits, const targets_view& targets, const loss_view& loss, Out out,
-           const grad_view& grad, const grad_loss_view& grad_loss, Scalar grad_scale);
-  std::string check_targets(const targets_view& targets, std::int64_t* checksum) const;
+  template <class G>
+  void run(const logits_view& logits, const targets_view& targets, const loss_view& loss, Out out, G* grad,
+           std::int64_t grad_rows, std::int64_t grad_cols, std::int64_t ld_grad, const grad_loss_view& grad_loss,
+           T grad_scale);
+  template <class G, bool Capped>
+  void compute(const logits_view& logits, const targets_view& targets, const loss_view& loss, Out out, G* y,
+               std::int64_t ld_y, const impl::GradScale<T, memory_space>& g);
+  template <class G>
+  void backward_impl(const grad_loss_view& grad_loss, T grad_scale, G* grad, std::int64_t rows, std::int64_t cols,
+                     std::int64_t ld);
+  template <class G, bool Capped>
+  void backward_rows(const impl::GradScale<T, memory_space>& g, G* y, std::int64_t ld_y);
+  std::string check_targets(const targets_view& targets, std::int64_t* checksum);
+  impl::GradScale<T, memory_space> grad_scale_for(const grad_loss_view& grad_loss, T grad_scale,
+                                                  std::string* err) const;
+  impl::Params<T> params() const;
   void ensure_capacity(std::int64_t n_rows, bool stash);
   void check_rows(std::int64_t row0, std::int64_t row1) const;
-  void backward_impl(const grad_loss_view& grad_loss, Scalar grad_scale, const grad_view& grad_logits);
+  void reduce_loss(const loss_view& loss);
   bool use_teams() const noexcept;
 
   Communicator m_comm;
@@ -95,29 +136,35 @@ class CrossEntropy {
   Options m_opt;
   ExecSpace m_exec;
   std::int64_t m_block_rows = 1;
-  std::unique_ptr<impl::StatsReduction<Scalar>> m_reduction;
+  std::unique_ptr<impl::StatsReduction<T>> m_reduction;
 
   // Work buffers, grown on demand, reused across calls.
   // (View::HostMirror is deprecated in Kokkos 5: the mirror types are spelled through create_mirror_view.)
-  using records_view = Kokkos::View<impl::RowStats<Scalar>*, memory_space>;
-  using seed_view = Kokkos::View<Scalar**, Kokkos::LayoutLeft, memory_space>;
+  using records_view = Kokkos::View<impl::RowStats<T>*, memory_space>;
+  using seed_view = Kokkos::View<T**, Kokkos::LayoutLeft, memory_space>;
+  using staging = impl::staging_space_t<memory_space>;
   records_view m_records;
-  decltype(Kokkos::create_mirror_view(std::declval<records_view>())) m_records_host;
-  seed_view m_seed;  // N x 3 (max, sum, target) for the seed strategy
-  decltype(Kokkos::create_mirror_view(std::declval<seed_view>())) m_seed_host;
-  Kokkos::View<Scalar*, memory_space> m_lse;
-  Kokkos::View<Scalar*, memory_space> m_local_max;  // this rank's row max, kept between the two kernels
-  Kokkos::View<Scalar**, Kokkos::LayoutRight, memory_space> m_stash;
+  decltype(Kokkos::create_mirror_view(std::declval<staging>(), std::declval<records_view>())) m_records_host;
+  seed_view m_seed;  // N x 4 (max, sum, target, logit sum) for the seed strategy
+  decltype(Kokkos::create_mirror_view(std::declval<staging>(), std::declval<seed_view>())) m_seed_host;
+  Kokkos::View<T*, memory_space> m_lse;
+  Kokkos::View<T*, memory_space> m_local_max;  // this rank's row max, kept between the two kernels
+  Kokkos::View<T**, Kokkos::LayoutRight, memory_space> m_stash;
+  Kokkos::View<T*, memory_space> m_stash_target;
 
   // What forward() keeps for backward().
-  Kokkos::View<const Scalar*, memory_space> m_lse_out;
+  Kokkos::View<const T*, memory_space> m_lse_out;
   logits_view m_saved_logits;
   targets_view m_saved_targets;
   bool m_have_forward = false;
+  std::int64_t m_n_valid = 0;
+  double m_reduced_loss = 0;
 };
 
 extern template class CrossEntropy<float, Kokkos::DefaultExecutionSpace>;
 extern template class CrossEntropy<double, Kokkos::DefaultExecutionSpace>;
+extern template class CrossEntropy<bfloat16, Kokkos::DefaultExecutionSpace>;
+extern template class CrossEntropy<float16, Kokkos::DefaultExecutionSpace>;
 
 }  // namespace vpce
 

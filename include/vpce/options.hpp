@@ -19,16 +19,41 @@ enum class Mode {
   recompute       ///< only lse per row; backward() recomputes the softmax from the caller's logits
 };
 
+/// How the per-token losses are reduced (DESIGN.md section 1).
+enum class Reduction {
+  none,  ///< per-token losses; backward takes one incoming gradient per row (or one scalar for all)
+  sum,   ///< the sum over non-ignored tokens; backward's scalar is the gradient of that sum
+  mean   ///< the sum divided by the number of non-ignored tokens (0 of them: loss 0, gradient 0)
+};
+
 /// What a NaN or +inf logit gets.
 enum class NonFinite {
   error,     ///< every rank throws vpce::Error naming the row (default)
   propagate  ///< no check: the row's loss and gradient become NaN
 };
 
+/// Everything is combinable, and supported by every strategy and memory mode. Must be the same on every
+/// rank (checked when a CrossEntropy is built). With the transforms x = softcap * tanh(logit_scale * z /
+/// softcap) (softcap > 0) or x = logit_scale * z, and lse = log(sum_j exp(x_j)) over the GLOBAL vocabulary:
+///   loss = lse - (1 - label_smoothing) * x_target - label_smoothing * mean_j(x_j) + z_loss * lse^2
+/// for a row whose target is not ignore_index (else 0), and the gradient with respect to the stored z is
+///   (softmax_j * (1 + 2 z_loss lse) - (1 - label_smoothing) [j == target] - label_smoothing / V) * dx/dz * g.
+/// A -inf logit stays -inf (masked) through the transforms.
 struct Options {
   Strategy strategy = Strategy::fused;
   Mode mode = Mode::recompute;
   NonFinite non_finite = NonFinite::error;
+  /// Rows whose target is this value get loss 0 and a zero gradient, and do not count in the mean.
+  std::int64_t ignore_index = -100;
+  Reduction reduction = Reduction::none;
+  /// PyTorch's label smoothing over the GLOBAL vocabulary, in [0, 1]: the same for any number of ranks.
+  double label_smoothing = 0;
+  /// PaLM's z-loss coefficient (on lse^2), >= 0.
+  double z_loss = 0;
+  /// Logits are multiplied by this (> 0) before anything else.
+  double logit_scale = 1;
+  /// Gemma's soft-capping c * tanh(x / c) when > 0.
+  double softcap = 0;
   /// Rows per block in the fused strategy (statistics, collective and loss/gradient of a block are done
   /// before the next block, so the block is still in cache when its gradient is written). 0: chosen from
   /// the slice width so that a thread's share of a block is about `block_bytes_per_thread`.
@@ -41,7 +66,9 @@ struct Options {
 
 Strategy strategy_from_string(const std::string& s);
 Mode mode_from_string(const std::string& s);
+Reduction reduction_from_string(const std::string& s);
 const char* to_string(Strategy s);
 const char* to_string(Mode m);
+const char* to_string(Reduction r);
 
 }  // namespace vpce

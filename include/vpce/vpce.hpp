@@ -6,5 +6,6 @@
 #include "vpce/config.hpp"
 #include "vpce/cross_entropy.hpp"
 #include "vpce/error.hpp"
+#include "vpce/half.hpp"
 #include "vpce/options.hpp"
 #include "vpce/partition.hpp"

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "vpce/cross_entropy.hpp"
@@ -18,8 +19,25 @@
 namespace vpce {
 
 namespace impl {
-inline std::string shape(std::int64_t a, std::int64_t b) {
-  return std::to_string(a) + " x " + std::to_string(b);
+inline std::string shape(std::int64_t a, std::int64_t b) { return std::to_string(a) + " x " + std::to_string(b); }
+inline std::int64_t bits_of(double d) {
+  std::int64_t b;
+  std::memcpy(&b, &d, sizeof(b));
+  return b;
+}
+/// Local checks of the options; empty when they are fine.
+inline std::string check_options(const Options& o) {
+  auto bad = [](const char* what, double v, const char* want) {
+    return std::string("vpce: Options::") + what + " is " + std::to_string(v) + ", expected " + want;
+  };
+  if (o.block_rows < 0 || o.block_bytes_per_thread < 1)
+    return "vpce: Options::block_rows must be >= 0 and block_bytes_per_thread >= 1";
+  if (!(o.label_smoothing >= 0 && o.label_smoothing <= 1)) return bad("label_smoothing", o.label_smoothing, "[0, 1]");
+  if (!(o.z_loss >= 0 && std::isfinite(o.z_loss))) return bad("z_loss", o.z_loss, "a finite value >= 0");
+  if (!(o.logit_scale > 0 && std::isfinite(o.logit_scale)))
+    return bad("logit_scale", o.logit_scale, "a finite value > 0");
+  if (!(o.softcap >= 0 && std::isfinite(o.softcap))) return bad("softcap", o.softcap, "a finite value >= 0 (0: off)");
+  return {};
 }
 }  // namespace impl
 
@@ -27,15 +45,13 @@ template <class Scalar, class ExecSpace>
 CrossEntropy<Scalar, ExecSpace>::CrossEntropy(const Communicator& comm, const VocabPartition& partition,
                                               const Options& options, const ExecSpace& exec)
     : m_comm(comm), m_part(partition), m_opt(options), m_exec(exec) {
-  std::string err;
+  std::string err = impl::check_options(m_opt);
   if (m_part.num_ranks() != m_comm.size()) {
     err = "vpce: the partition is for " + std::to_string(m_part.num_ranks()) + " ranks, the communicator has " +
           std::to_string(m_comm.size());
   } else if (m_part.rank() != m_comm.rank()) {
     err = "vpce: the partition was made for rank " + std::to_string(m_part.rank()) + " but this is rank " +
           std::to_string(m_comm.rank());
-  } else if (m_opt.block_rows < 0 || m_opt.block_bytes_per_thread < 1) {
-    err = "vpce: Options::block_rows must be >= 0 and block_bytes_per_thread >= 1";
   }
   // Rows per block: a thread's share of a block should fit in its cache. The fused strategy makes one
   // collective per block, so every rank must use the same value: the smallest wins.
@@ -53,9 +69,15 @@ CrossEntropy<Scalar, ExecSpace>::CrossEntropy(const Communicator& comm, const Vo
                               {"the logits' scalar size in bytes", std::int64_t(sizeof(Scalar))},
                               {"Options::strategy", static_cast<std::int64_t>(m_opt.strategy)},
                               {"Options::mode", static_cast<std::int64_t>(m_opt.mode)},
-                              {"Options::non_finite", static_cast<std::int64_t>(m_opt.non_finite)}});
+                              {"Options::non_finite", static_cast<std::int64_t>(m_opt.non_finite)},
+                              {"Options::ignore_index", m_opt.ignore_index},
+                              {"Options::reduction", static_cast<std::int64_t>(m_opt.reduction)},
+                              {"Options::label_smoothing (bits)", impl::bits_of(m_opt.label_smoothing)},
+                              {"Options::z_loss (bits)", impl::bits_of(m_opt.z_loss)},
+                              {"Options::logit_scale (bits)", impl::bits_of(m_opt.logit_scale)},
+                              {"Options::softcap (bits)", impl::bits_of(m_opt.softcap)}});
   VPCE_MPI_CHECK(MPI_Allreduce(&rows, &m_block_rows, 1, MPI_INT64_T, MPI_MIN, m_comm.comm()));
-  m_reduction = std::make_unique<impl::StatsReduction<Scalar>>();
+  m_reduction = std::make_unique<impl::StatsReduction<T>>();
 }
 
 template <class Scalar, class ExecSpace>
@@ -67,10 +89,26 @@ bool CrossEntropy<Scalar, ExecSpace>::use_teams() const noexcept {
 }
 
 template <class Scalar, class ExecSpace>
+impl::Params<typename CrossEntropy<Scalar, ExecSpace>::T> CrossEntropy<Scalar, ExecSpace>::params() const {
+  impl::Params<T> p;
+  p.scale = T(m_opt.logit_scale);
+  p.cap = T(m_opt.softcap);
+  p.inv_cap = m_opt.softcap > 0 ? T(1.0 / m_opt.softcap) : T(0);
+  p.alpha = T(m_opt.label_smoothing);
+  p.zeta = T(m_opt.z_loss);
+  p.inv_vocab = T(1.0 / double(m_part.vocab_size()));
+  p.ignore_index = m_opt.ignore_index;
+  return p;
+}
+
+// --- public entry points ---------------------------------------------------------------------------------
+
+template <class Scalar, class ExecSpace>
 void CrossEntropy<Scalar, ExecSpace>::forward(const logits_view& logits, const targets_view& targets,
                                               const loss_view& loss) {
   const bool stash = m_opt.mode == Mode::stash_softmax;
-  run(logits, targets, loss, stash ? Out::stash : Out::loss, grad_view(), grad_loss_view(), Scalar(1));
+  m_have_forward = false;
+  run<T>(logits, targets, loss, stash ? Out::stash : Out::loss, nullptr, 0, 0, 0, grad_loss_view(), T(1));
   m_saved_logits = stash ? logits_view() : logits;
   m_saved_targets = targets;
   m_have_forward = true;
@@ -78,78 +116,104 @@ void CrossEntropy<Scalar, ExecSpace>::forward(const logits_view& logits, const t
 
 template <class Scalar, class ExecSpace>
 void CrossEntropy<Scalar, ExecSpace>::loss_and_grad(const logits_view& logits, const targets_view& targets,
-                                                    const loss_view& loss, const grad_view& grad_logits,
-                                                    Scalar grad_scale) {
+                                                    const loss_view& loss, const grad_view& grad, T grad_scale) {
   m_have_forward = false;
-  run(logits, targets, loss, Out::grad, grad_logits, grad_loss_view(), grad_scale);
+  run(logits, targets, loss, Out::grad, grad.data(), grad.extent(0), grad.extent(1), grad.stride(0), grad_loss_view(),
+      grad_scale);
 }
 
 template <class Scalar, class ExecSpace>
 void CrossEntropy<Scalar, ExecSpace>::loss_and_grad(const logits_view& logits, const targets_view& targets,
-                                                    const loss_view& loss, const grad_view& grad_logits,
+                                                    const loss_view& loss, const grad_storage_view& grad,
+                                                    T grad_scale) {
+  m_have_forward = false;
+  if constexpr (is_16bit_v<Scalar>)
+    run(logits, targets, loss, Out::grad, grad.data(), grad.extent(0), grad.extent(1), grad.stride(0),
+        grad_loss_view(), grad_scale);
+}
+
+template <class Scalar, class ExecSpace>
+void CrossEntropy<Scalar, ExecSpace>::loss_and_grad(const logits_view& logits, const targets_view& targets,
+                                                    const loss_view& loss, const grad_view& grad,
                                                     const grad_loss_view& grad_loss) {
   m_have_forward = false;
-  run(logits, targets, loss, Out::grad, grad_logits, grad_loss, Scalar(1));
+  run(logits, targets, loss, Out::grad, grad.data(), grad.extent(0), grad.extent(1), grad.stride(0), grad_loss, T(1));
 }
 
 template <class Scalar, class ExecSpace>
-void CrossEntropy<Scalar, ExecSpace>::backward(const grad_loss_view& grad_loss, const grad_view& grad_logits) {
-  backward_impl(grad_loss, Scalar(1), grad_logits);
+void CrossEntropy<Scalar, ExecSpace>::loss_and_grad(const logits_view& logits, const targets_view& targets,
+                                                    const loss_view& loss, const grad_storage_view& grad,
+                                                    const grad_loss_view& grad_loss) {
+  m_have_forward = false;
+  if constexpr (is_16bit_v<Scalar>)
+    run(logits, targets, loss, Out::grad, grad.data(), grad.extent(0), grad.extent(1), grad.stride(0), grad_loss,
+        T(1));
 }
 
 template <class Scalar, class ExecSpace>
-void CrossEntropy<Scalar, ExecSpace>::backward(Scalar grad_scale, const grad_view& grad_logits) {
-  backward_impl(grad_loss_view(), grad_scale, grad_logits);
+void CrossEntropy<Scalar, ExecSpace>::backward(const grad_loss_view& grad_loss, const grad_view& grad) {
+  backward_impl(grad_loss, T(1), grad.data(), grad.extent(0), grad.extent(1), grad.stride(0));
 }
 
 template <class Scalar, class ExecSpace>
-std::string CrossEntropy<Scalar, ExecSpace>::check_targets(const targets_view& targets,
-                                                           std::int64_t* checksum) const {
-  const std::int64_t n = targets.extent(0);
+void CrossEntropy<Scalar, ExecSpace>::backward(const grad_loss_view& grad_loss, const grad_storage_view& grad) {
+  if constexpr (is_16bit_v<Scalar>)
+    backward_impl(grad_loss, T(1), grad.data(), grad.extent(0), grad.extent(1), grad.stride(0));
+}
+
+template <class Scalar, class ExecSpace>
+void CrossEntropy<Scalar, ExecSpace>::backward(T grad_scale, const grad_view& grad) {
+  backward_impl(grad_loss_view(), grad_scale, grad.data(), grad.extent(0), grad.extent(1), grad.stride(0));
+}
+
+template <class Scalar, class ExecSpace>
+void CrossEntropy<Scalar, ExecSpace>::backward(T grad_scale, const grad_storage_view& grad) {
+  if constexpr (is_16bit_v<Scalar>)
+    backward_impl(grad_loss_view(), grad_scale, grad.data(), grad.extent(0), grad.extent(1), grad.stride(0));
+}
+
+// --- internals -------------------------------------------------------------------------------------------
+
+template <class Scalar, class ExecSpace>
+std::string CrossEntropy<Scalar, ExecSpace>::check_targets(const targets_view& targets, std::int64_t* checksum) {
   const std::int64_t v = m_part.vocab_size();
-  using policy = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
-  std::int64_t first_bad = n;
-  Kokkos::parallel_reduce(
-      "vpce::check_targets", policy(m_exec, 0, n),
-      KOKKOS_LAMBDA(std::int64_t i, std::int64_t & lo) {
-        const std::int64_t t = targets(i);
-        if ((t < 0 || t >= v) && i < lo) lo = i;
-      },
-      Kokkos::Min<std::int64_t>(first_bad));
-  // Order-independent checksum of (row, target) pairs: ranks given different targets are caught.
-  std::uint64_t sum = 0;
-  Kokkos::parallel_reduce(
-      "vpce::checksum_targets", policy(m_exec, 0, n),
-      KOKKOS_LAMBDA(std::int64_t i, std::uint64_t & s) {
-        std::uint64_t h = static_cast<std::uint64_t>(targets(i)) * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(i);
-        h ^= h >> 31;
-        s += h * 0xBF58476D1CE4E5B9ull;
-      },
-      sum);
-  *checksum = static_cast<std::int64_t>(sum >> 1);
-  if (first_bad >= n) return {};  // the Min reducer starts from the largest int64
+  const auto c = impl::check_targets(m_exec, targets, v, m_opt.ignore_index);
+  m_n_valid = c.n_valid;
+  *checksum = c.checksum;
+  if (c.first_bad == std::int64_t(targets.extent(0))) return {};
   std::int64_t bad = 0;
-  Kokkos::deep_copy(bad, Kokkos::subview(targets, first_bad));
-  return "vpce: target " + std::to_string(bad) + " of row " + std::to_string(first_bad) + " is outside [0, " +
-         std::to_string(v) + ")";
+  Kokkos::deep_copy(bad, Kokkos::subview(targets, c.first_bad));
+  return "vpce: target " + std::to_string(bad) + " of row " + std::to_string(c.first_bad) + " is outside [0, " +
+         std::to_string(v) + ") and is not ignore_index (" + std::to_string(m_opt.ignore_index) + ")";
+}
+
+template <class Scalar, class ExecSpace>
+impl::GradScale<typename CrossEntropy<Scalar, ExecSpace>::T, typename ExecSpace::memory_space>
+CrossEntropy<Scalar, ExecSpace>::grad_scale_for(const grad_loss_view& grad_loss, T grad_scale, std::string* err) const {
+  if (grad_loss.data() != nullptr && m_opt.reduction != Reduction::none && err->empty())
+    *err = std::string("vpce: a per-row grad_loss needs Options::reduction none, not ") + to_string(m_opt.reduction);
+  T value = grad_scale;
+  if (m_opt.reduction == Reduction::mean) value = m_n_valid > 0 ? grad_scale / T(m_n_valid) : T(0);
+  return {grad_loss, value};
 }
 
 template <class Scalar, class ExecSpace>
 void CrossEntropy<Scalar, ExecSpace>::ensure_capacity(std::int64_t n, bool stash) {
+  auto alloc = [](const char* label) { return Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)); };
   if (std::int64_t(m_records.extent(0)) < n) {
-    m_records = records_view(Kokkos::view_alloc(Kokkos::WithoutInitializing, "vpce::records"), n);
-    m_records_host = Kokkos::create_mirror_view(m_records);
-    m_lse = Kokkos::View<Scalar*, memory_space>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "vpce::lse"), n);
-    m_local_max = Kokkos::View<Scalar*, memory_space>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "vpce::m"), n);
+    m_records = records_view(alloc("vpce::records"), n);
+    m_records_host = Kokkos::create_mirror_view(staging(), m_records);
+    m_lse = Kokkos::View<T*, memory_space>(alloc("vpce::lse"), n);
+    m_local_max = Kokkos::View<T*, memory_space>(alloc("vpce::m"), n);
   }
   if (m_opt.strategy == Strategy::seed && std::int64_t(m_seed.extent(0)) < n) {
-    m_seed = seed_view(Kokkos::view_alloc(Kokkos::WithoutInitializing, "vpce::seed_stats"), n, 3);
-    m_seed_host = Kokkos::create_mirror_view(m_seed);
+    m_seed = seed_view(alloc("vpce::seed_stats"), n, 4);
+    m_seed_host = Kokkos::create_mirror_view(staging(), m_seed);
   }
   if (stash && (std::int64_t(m_stash.extent(0)) < n || std::int64_t(m_stash.extent(1)) != m_part.local_size())) {
     m_stash = decltype(m_stash)();
-    m_stash = decltype(m_stash)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "vpce::softmax_stash"), n,
-                                m_part.local_size());
+    m_stash = decltype(m_stash)(alloc("vpce::softmax_stash"), n, m_part.local_size());
+    m_stash_target = Kokkos::View<T*, memory_space>(alloc("vpce::stash_target"), n);
   }
 }
 
@@ -160,15 +224,23 @@ void CrossEntropy<Scalar, ExecSpace>::check_rows(std::int64_t row0, std::int64_t
   for (std::int64_t i = row0; i < row1; ++i) {
     const auto& r = m_records_host(i);
     VPCE_THROW_IF(std::isnan(r.s), "row " + std::to_string(i) + " of the logits holds NaN or +inf");
-    VPCE_THROW_IF(r.m == -std::numeric_limits<Scalar>::infinity(),
+    VPCE_THROW_IF(r.m == impl::neg_inf<T>(),
                   "every logit of row " + std::to_string(i) + " is -inf: the loss is undefined");
   }
 }
 
 template <class Scalar, class ExecSpace>
+void CrossEntropy<Scalar, ExecSpace>::reduce_loss(const loss_view& loss) {
+  const double total = impl::sum(m_exec, loss);
+  m_reduced_loss = m_opt.reduction == Reduction::mean ? (m_n_valid > 0 ? total / double(m_n_valid) : 0.0) : total;
+}
+
+template <class Scalar, class ExecSpace>
+template <class G>
 void CrossEntropy<Scalar, ExecSpace>::run(const logits_view& logits, const targets_view& targets,
-                                          const loss_view& loss, Out out, const grad_view& grad,
-                                          const grad_loss_view& grad_loss, Scalar grad_scale) {
+                                          const loss_view& loss, Out out, G* grad, std::int64_t grad_rows,
+                                          std::int64_t grad_cols, std::int64_t ld_grad,
+                                          const grad_loss_view& grad_loss, T grad_scale) {
   impl::ScopedRegion region("vpce::cross_entropy");
   const std::int64_t n_rows = targets.extent(0);
   const std::int64_t v_local = m_part.local_size();
@@ -182,84 +254,124 @@ void CrossEntropy<Scalar, ExecSpace>::run(const logits_view& logits, const targe
           std::to_string(n_rows) + " targets";
   } else if (std::int64_t(loss.extent(0)) != n_rows) {
     err = "vpce: the loss has " + std::to_string(loss.extent(0)) + " entries, expected " + std::to_string(n_rows);
-  } else if (out == Out::grad && (std::int64_t(grad.extent(0)) != n_rows || std::int64_t(grad.extent(1)) != v_local)) {
-    err = "vpce: the gradient is " + impl::shape(grad.extent(0), grad.extent(1)) + ", expected " +
-          impl::shape(n_rows, v_local);
+  } else if (out == Out::grad && (grad_rows != n_rows || grad_cols != v_local)) {
+    err = "vpce: the gradient is " + impl::shape(grad_rows, grad_cols) + ", expected " + impl::shape(n_rows, v_local);
   } else if (out == Out::grad && grad_loss.data() != nullptr && std::int64_t(grad_loss.extent(0)) != n_rows) {
     err = "vpce: grad_loss has " + std::to_string(grad_loss.extent(0)) + " entries, expected " +
           std::to_string(n_rows);
   }
   std::int64_t checksum = 0;
   if (err.empty()) err = check_targets(targets, &checksum);
+  const auto g = grad_scale_for(grad_loss, grad_scale, &err);
   m_comm.agree_or_throw(err, {{"the number of tokens N", n_rows}, {"the targets (a checksum)", checksum}});
 
   ensure_capacity(n_rows, out == Out::stash);
-  impl::KernelArgs<Scalar, memory_space> args{logits.data(), std::int64_t(logits.stride(0)), v_local, m_part.begin(),
-                                               targets};
-  impl::GradScale<Scalar, memory_space> g{grad_loss, grad_scale};
-  Scalar* y = out == Out::grad ? grad.data() : (out == Out::stash ? m_stash.data() : nullptr);
-  const std::int64_t ld_y = out == Out::grad ? std::int64_t(grad.stride(0)) : std::int64_t(m_stash.stride(0));
+  G* y = out == Out::grad ? grad : nullptr;
+  std::int64_t ld_y = ld_grad;
+  if constexpr (std::is_same_v<G, T>) {
+    if (out == Out::stash) {
+      y = m_stash.data();
+      ld_y = m_stash.stride(0);
+    }
+  }
+  if (m_opt.softcap > 0) {
+    compute<G, true>(logits, targets, loss, out, y, ld_y, g);
+  } else {
+    compute<G, false>(logits, targets, loss, out, y, ld_y, g);
+  }
+  m_lse_out = Kokkos::subview(m_lse, std::make_pair(std::int64_t(0), n_rows));
+  if (m_opt.reduction != Reduction::none) reduce_loss(loss);
+  impl::fence(m_exec, "vpce::cross_entropy");
+}
+
+template <class Scalar, class ExecSpace>
+template <class G, bool Capped>
+void CrossEntropy<Scalar, ExecSpace>::compute(const logits_view& logits, const targets_view& targets,
+                                              const loss_view& loss, Out out, G* y, std::int64_t ld_y,
+                                              const impl::GradScale<T, memory_space>& g) {
+  const std::int64_t n_rows = targets.extent(0);
+  impl::KernelArgs<Scalar, T, memory_space> args{logits.data(), std::int64_t(logits.stride(0)), m_part.local_size(),
+                                                 m_part.begin(), targets, params()};
   const bool teams = use_teams();
   const MPI_Comm comm = m_comm.comm();
+  // The fused strategy stores exp(x - m_local) in the output rows during the statistics and rescales it
+  // after the collective (one exp per element). Not with the softcap (the chain rule needs x again), nor
+  // for 16-bit outputs (the stored exp would be rounded twice), nor for the seed strategy.
+  constexpr bool can_store = std::is_same_v<G, T> && !Capped;
+  const bool store = can_store && m_opt.strategy == Strategy::fused && out != Out::loss;
 
-  // The seed strategy recomputes exp from the logits; the fused one rescales what LocalStats stored.
-  const bool from_exp = m_opt.strategy == Strategy::fused;
   auto finalize = [&](std::int64_t r0, std::int64_t r1) {
     impl::ScopedRegion r("vpce::loss_grad");
-    auto launch = [&](auto what, auto stored) {
-      impl::Finalize<Scalar, memory_space, decltype(what)::value, decltype(stored)::value> f{
-          args, m_records, loss, m_lse, y, ld_y, g, m_local_max};
+    auto launch = [&](auto what, auto from) {
+      impl::Finalize<Scalar, T, G, memory_space, decltype(what)::value, decltype(from)::value, Capped> f{
+          args, m_records, loss, m_lse, y, ld_y, g, m_local_max, m_stash_target, true};
       impl::for_rows("vpce::finalize", m_exec, r0, r1, f, teams);
     };
     using W = impl::Write;
-    auto run_what = [&](auto stored) {
-      if (out == Out::grad) launch(std::integral_constant<W, W::grad>(), stored);
-      else if (out == Out::stash) launch(std::integral_constant<W, W::stash>(), stored);
-      else launch(std::integral_constant<W, W::loss>(), stored);
+    using S = impl::Source;
+    auto with_source = [&](auto from) {
+      if (out == Out::grad) launch(std::integral_constant<W, W::grad>(), from);
+      else if (out == Out::stash) launch(std::integral_constant<W, W::stash>(), from);
+      else launch(std::integral_constant<W, W::loss>(), from);
     };
-    if (from_exp) run_what(std::true_type());
-    else run_what(std::false_type());
+    if constexpr (can_store) {
+      if (store) {
+        with_source(std::integral_constant<S, S::stored_exp>());
+        return;
+      }
+    }
+    with_source(std::integral_constant<S, S::logits>());
   };
 
   if (m_opt.strategy == Strategy::seed) {
-    // The seed's communication: MAX of the row max, then SUM of exp against it, then SUM of the target logit.
+    // The seed's communication: MAX of the row max, then SUM of exp against it, then SUM of the target
+    // logit (and, with label smoothing only, a SUM of the logit sums).
     {
       impl::ScopedRegion r("vpce::stats");
-      impl::for_rows("vpce::seed_max", m_exec, 0, n_rows, impl::LocalMax<Scalar, memory_space>{args, m_seed}, teams);
+      impl::for_rows("vpce::seed_max", m_exec, 0, n_rows,
+                     impl::LocalMax<Scalar, T, memory_space, Capped>{args, m_seed}, teams);
     }
-    auto stage = [&](int col, MPI_Op op) {
+    auto column = [&](auto& v, int col) { return Kokkos::subview(v, std::make_pair(std::int64_t(0), n_rows), col); };
+    // Built-in ops work on device buffers with a GPU-aware MPI; otherwise the column is staged on the host.
+    auto reduce_column = [&](int col, MPI_Op op) {
       impl::ScopedRegion r("vpce::collective");
-      auto dev = Kokkos::subview(m_seed, std::make_pair(std::int64_t(0), n_rows), col);
-      auto host = Kokkos::subview(m_seed_host, std::make_pair(std::int64_t(0), n_rows), col);
-      Kokkos::deep_copy(m_exec, host, dev);
+#if defined(VPCE_ENABLE_GPU_AWARE_MPI)
       impl::fence(m_exec, "vpce::before_allreduce");
-      impl::allreduce_builtin(host.data(), n_rows, op, comm);
-      Kokkos::deep_copy(m_exec, dev, host);
+      impl::allreduce_builtin(column(m_seed, col).data(), n_rows, op, comm);
+#else
+      Kokkos::deep_copy(m_exec, column(m_seed_host, col), column(m_seed, col));
+      impl::fence(m_exec, "vpce::before_allreduce");
+      impl::allreduce_builtin(column(m_seed_host, col).data(), n_rows, op, comm);
+      Kokkos::deep_copy(m_exec, column(m_seed, col), column(m_seed_host, col));
+#endif
     };
-    stage(0, MPI_MAX);
+    reduce_column(0, MPI_MAX);
     {
       impl::ScopedRegion r("vpce::stats");
-      impl::for_rows("vpce::seed_sum_gather", m_exec, 0, n_rows, impl::LocalSumGather<Scalar, memory_space>{args, m_seed},
-                     teams);
+      impl::for_rows("vpce::seed_sum_gather", m_exec, 0, n_rows,
+                     impl::LocalSumGather<Scalar, T, memory_space, Capped>{args, m_seed}, teams);
     }
+    for (int col = 1; col < (m_opt.label_smoothing > 0 ? 4 : 3); ++col) reduce_column(col, MPI_SUM);
     Kokkos::deep_copy(m_exec, m_seed_host, m_seed);
-    impl::fence(m_exec, "vpce::before_allreduce");
-    {
-      impl::ScopedRegion r("vpce::collective");
-      impl::allreduce_builtin(&m_seed_host(0, 1), n_rows, MPI_SUM, comm);
-      impl::allreduce_builtin(&m_seed_host(0, 2), n_rows, MPI_SUM, comm);
-    }
-    for (std::int64_t i = 0; i < n_rows; ++i) m_records_host(i) = {m_seed_host(i, 0), m_seed_host(i, 1), m_seed_host(i, 2)};
+    impl::fence(m_exec, "vpce::seed_stats");
+    for (std::int64_t i = 0; i < n_rows; ++i)
+      m_records_host(i) = {m_seed_host(i, 0), m_seed_host(i, 1), m_seed_host(i, 2), m_seed_host(i, 3)};
     check_rows(0, n_rows);
     Kokkos::deep_copy(m_exec, m_records, m_records_host);
     finalize(0, n_rows);
   } else {
-    // Fused: per block, local (max, sumexp, target) records, ONE all-reduce of them, then loss/gradient.
+    // Fused: per block, local (max, sumexp, target, sum) records, ONE all-reduce of them, then loss/gradient.
     for (std::int64_t r0 = 0; r0 < n_rows; r0 += m_block_rows) {
       const std::int64_t r1 = std::min(n_rows, r0 + m_block_rows);
       {
         impl::ScopedRegion r("vpce::stats");
-        impl::LocalStats<Scalar, memory_space> f{args, m_records, y, ld_y, m_local_max};
+        impl::LocalStats<Scalar, T, memory_space, Capped> f{args, m_records, nullptr, 0, m_local_max};
+        if constexpr (can_store) {
+          if (store) {
+            f.y = y;
+            f.ld_y = ld_y;
+          }
+        }
         impl::for_rows("vpce::local_stats", m_exec, r0, r1, f, teams);
       }
       {
@@ -274,37 +386,51 @@ void CrossEntropy<Scalar, ExecSpace>::run(const logits_view& logits, const targe
       finalize(r0, r1);
     }
   }
-  impl::fence(m_exec, "vpce::cross_entropy");
-  m_lse_out = Kokkos::subview(m_lse, std::make_pair(std::int64_t(0), n_rows));
 }
 
 template <class Scalar, class ExecSpace>
-void CrossEntropy<Scalar, ExecSpace>::backward_impl(const grad_loss_view& grad_loss, Scalar grad_scale,
-                                                    const grad_view& grad) {
+template <class G>
+void CrossEntropy<Scalar, ExecSpace>::backward_impl(const grad_loss_view& grad_loss, T grad_scale, G* grad,
+                                                    std::int64_t rows, std::int64_t cols, std::int64_t ld) {
   // No communication here, so the checks are local.
   VPCE_THROW_IF(!m_have_forward, "backward() needs a forward() first (loss_and_grad() keeps nothing)");
   const std::int64_t n_rows = m_saved_targets.extent(0);
   const std::int64_t v_local = m_part.local_size();
-  VPCE_THROW_IF(std::int64_t(grad.extent(0)) != n_rows || std::int64_t(grad.extent(1)) != v_local,
-                "the gradient is " + impl::shape(grad.extent(0), grad.extent(1)) + ", expected " +
-                    impl::shape(n_rows, v_local));
+  VPCE_THROW_IF(rows != n_rows || cols != v_local,
+                "the gradient is " + impl::shape(rows, cols) + ", expected " + impl::shape(n_rows, v_local));
   VPCE_THROW_IF(grad_loss.data() != nullptr && std::int64_t(grad_loss.extent(0)) != n_rows,
                 "grad_loss has " + std::to_string(grad_loss.extent(0)) + " entries, expected " +
                     std::to_string(n_rows));
+  std::string err;
+  const auto g = grad_scale_for(grad_loss, grad_scale, &err);
+  VPCE_THROW_IF(!err.empty(), err.substr(6));
   impl::ScopedRegion region("vpce::backward");
-  impl::GradScale<Scalar, memory_space> g{grad_loss, grad_scale};
-  const bool stash = m_opt.mode == Mode::stash_softmax;
-  const Scalar* src = stash ? m_stash.data() : m_saved_logits.data();
-  const std::int64_t ld = stash ? std::int64_t(m_stash.stride(0)) : std::int64_t(m_saved_logits.stride(0));
-  impl::KernelArgs<Scalar, memory_space> args{src, ld, v_local, m_part.begin(), m_saved_targets};
-  if (stash) {
-    impl::Backward<Scalar, memory_space, true> f{args, m_lse_out, grad.data(), std::int64_t(grad.stride(0)), g};
-    impl::for_rows("vpce::backward_stash", m_exec, 0, n_rows, f, use_teams());
+  if (m_opt.softcap > 0) {
+    backward_rows<G, true>(g, grad, ld);
   } else {
-    impl::Backward<Scalar, memory_space, false> f{args, m_lse_out, grad.data(), std::int64_t(grad.stride(0)), g};
-    impl::for_rows("vpce::backward_recompute", m_exec, 0, n_rows, f, use_teams());
+    backward_rows<G, false>(g, grad, ld);
   }
   impl::fence(m_exec, "vpce::backward");
+}
+
+template <class Scalar, class ExecSpace>
+template <class G, bool Capped>
+void CrossEntropy<Scalar, ExecSpace>::backward_rows(const impl::GradScale<T, memory_space>& g, G* y,
+                                                    std::int64_t ld_y) {
+  const std::int64_t n_rows = m_saved_targets.extent(0);
+  if (m_opt.mode == Mode::stash_softmax) {
+    impl::KernelArgs<T, T, memory_space> args{m_stash.data(), std::int64_t(m_stash.stride(0)), m_part.local_size(),
+                                              m_part.begin(), m_saved_targets, params()};
+    impl::BackwardFromStash<T, G, memory_space> f{args, m_stash_target, y, ld_y, g};
+    impl::for_rows("vpce::backward_stash", m_exec, 0, n_rows, f, use_teams());
+  } else {
+    impl::KernelArgs<Scalar, T, memory_space> args{m_saved_logits.data(), std::int64_t(m_saved_logits.stride(0)),
+                                                   m_part.local_size(), m_part.begin(), m_saved_targets, params()};
+    impl::Finalize<Scalar, T, G, memory_space, impl::Write::grad, impl::Source::logits, Capped> f{
+        args, m_records, loss_view(), m_lse, y, ld_y, g, m_local_max, m_stash_target, false};
+    // The records hold the merged statistics of the last forward; lse is recomputed from them.
+    impl::for_rows("vpce::backward_recompute", m_exec, 0, n_rows, f, use_teams());
+  }
 }
 
 }  // namespace vpce

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "vpce/half.hpp"
 #include "vpce/impl/compat.hpp"
 #include "vpce/impl/math.hpp"
 #include "vpce/impl/row_stats.hpp"
@@ -41,12 +42,20 @@ struct HostInner {
     }
     return m;
   }
+  /// Sum in chunks: each chunk in T with vector lanes, chunks added in double. A plain float sum over a
+  /// 50k-column row with one dominant logit lost ~2e-4 nats (every small term rounded against ~1).
   template <class T, class F>
   KOKKOS_FORCEINLINE_FUNCTION T sum(std::int64_t n, const F& f) const {
-    T s = 0;
-    VPCE_SIMD_REDUCE(+, s)
-    for (std::int64_t j = 0; j < n; ++j) s += f(j);
-    return s;
+    constexpr std::int64_t chunk = 512;
+    double total = 0;
+    for (std::int64_t j0 = 0; j0 < n; j0 += chunk) {
+      const std::int64_t j1 = j0 + chunk < n ? j0 + chunk : n;
+      T s = 0;
+      VPCE_SIMD_REDUCE(+, s)
+      for (std::int64_t j = j0; j < j1; ++j) s += f(j);
+      total += double(s);
+    }
+    return T(total);
   }
   template <class F>
   KOKKOS_FORCEINLINE_FUNCTION void for_each(std::int64_t n, const F& f) const {
@@ -120,46 +129,96 @@ void for_rows(const char* label, const ExecSpace& exec, std::int64_t row0, std::
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Row kernels. Rows are pointers + a row stride (ld); `begin` is the rank's first global column.
+// Row kernels. S: the logits' storage type, T: the compute type (float for 16-bit S), G: the type the
+// gradient (or stash) rows are written in. Rows are pointers + a row stride.
 
-template <class T, class MemSpace>
+KOKKOS_FORCEINLINE_FUNCTION float to_compute(bfloat16 v) { return float(v); }
+KOKKOS_FORCEINLINE_FUNCTION float to_compute(float16 v) { return float(v); }
+KOKKOS_FORCEINLINE_FUNCTION float to_compute(float v) { return v; }
+KOKKOS_FORCEINLINE_FUNCTION double to_compute(double v) { return v; }
+
+/// The options as the kernels use them (DESIGN.md section 1).
+template <class T>
+struct Params {
+  T scale = 1;      ///< logit_scale
+  T cap = 0;        ///< softcap (0: off)
+  T inv_cap = 0;
+  T alpha = 0;      ///< label smoothing
+  T zeta = 0;       ///< z-loss
+  T inv_vocab = 0;  ///< 1 / V (global)
+  std::int64_t ignore_index = -100;
+
+  /// x from the stored z; -inf (masked) stays -inf.
+  template <bool Capped>
+  KOKKOS_FORCEINLINE_FUNCTION T transform(T z) const {
+    if constexpr (Capped) {
+      const T x = cap * fast_tanh(z * scale * inv_cap);
+      return z == neg_inf<T>() ? z : x;
+    } else {
+      return z * scale;
+    }
+  }
+  /// dx/dz at x (0 at a masked logit).
+  template <bool Capped>
+  KOKKOS_FORCEINLINE_FUNCTION T chain(T x) const {
+    if constexpr (Capped) {
+      const T u = x * inv_cap;
+      return x == neg_inf<T>() ? T(0) : scale * (T(1) - u * u);
+    } else {
+      return scale;
+    }
+  }
+};
+
+template <class S, class T, class MemSpace>
 struct KernelArgs {
-  const T* x = nullptr;          ///< logits (or, for the stash backward, the softmax)
+  const S* x = nullptr;  ///< logits rows
   std::int64_t ld_x = 0;
-  std::int64_t n = 0;            ///< local vocabulary width
-  std::int64_t begin = 0;
+  std::int64_t n = 0;      ///< local vocabulary width
+  std::int64_t begin = 0;  ///< first global column of this rank
   Kokkos::View<const std::int64_t*, MemSpace> targets;
+  Params<T> p;
   KOKKOS_INLINE_FUNCTION std::int64_t local_target(std::int64_t i) const {
     const std::int64_t c = targets(i) - begin;
     return (c >= 0 && c < n) ? c : -1;
   }
+  KOKKOS_INLINE_FUNCTION bool valid(std::int64_t i) const { return targets(i) != p.ignore_index; }
 };
 
-/// Local (m, s, t) of each row: a max loop, then an exp loop over the same row (still in L1/L2). With
-/// `y` set, the exp loop also stores e_j = exp(x_j - m) there (the stash or gradient rows, possibly the
-/// logits' own buffer) and keeps m in `m_local`, so that Finalize only rescales: exp once per element.
-template <class T, class MemSpace>
+/// Local (m, s, t, a) of each row: a max loop over the raw logits (the transforms are increasing, so the
+/// max of x is the transformed max), the sum of x with label smoothing, then an exp loop over the same
+/// row (still in L1/L2). With `y` set (G == T), the exp loop also stores e_j = exp(x_j - m) there (the
+/// stash or gradient rows, possibly the logits' own buffer) and keeps m in `m_local`, so that Finalize
+/// only rescales: one exp per element.
+template <class S, class T, class MemSpace, bool Capped>
 struct LocalStats {
-  KernelArgs<T, MemSpace> a;
+  KernelArgs<S, T, MemSpace> a;
   Kokkos::View<RowStats<T>*, MemSpace> out;
   T* y = nullptr;
   std::int64_t ld_y = 0;
   Kokkos::View<T*, MemSpace> m_local;
   template <class Inner>
   KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t i) const {
-    const T* x = a.x + i * a.ld_x;
-    const T m = in.template max<T>(a.n, [&](std::int64_t j) { return x[j]; });
+    const S* x = a.x + i * a.ld_x;
+    const Params<T>& p = a.p;
+    const T zmax = in.template max<T>(a.n, [&](std::int64_t j) { return to_compute(x[j]); });
+    const T m = p.template transform<Capped>(zmax);
     const std::int64_t c = a.local_target(i);
-    const T t = c >= 0 ? x[c] : T(0);  // read before y (which may alias x) is written
+    const T t = c >= 0 ? p.template transform<Capped>(to_compute(x[c])) : T(0);  // before y (may alias x) is written
+    T sum_x = 0;
+    if (p.alpha > T(0))
+      sum_x = in.template sum<T>(a.n, [&](std::int64_t j) { return p.template transform<Capped>(to_compute(x[j])); });
     T s = 0;
     if (y == nullptr) {
-      if (m != neg_inf<T>()) s = in.template sum<T>(a.n, [&](std::int64_t j) { return fast_exp(x[j] - m); });
+      if (m != neg_inf<T>())
+        s = in.template sum<T>(
+            a.n, [&](std::int64_t j) { return fast_exp(p.template transform<Capped>(to_compute(x[j])) - m); });
     } else {
       T* yr = y + i * ld_y;
       in.barrier();
       if (m != neg_inf<T>()) {
         s = in.template sum<T>(a.n, [&](std::int64_t j) {
-          const T e = fast_exp(x[j] - m);
+          const T e = fast_exp(p.template transform<Capped>(to_compute(x[j])) - m);
           yr[j] = e;
           return e;
         });
@@ -167,47 +226,106 @@ struct LocalStats {
         in.for_each(a.n, [&](std::int64_t j) { yr[j] = T(0); });
       }
     }
+    // +inf in the row (even when the softcap makes it finite) is marked like NaN: s = NaN.
+    if (zmax == -neg_inf<T>()) s = zmax - zmax;
     in.single([&]() {
-      RowStats<T> r{m, s, t};
-      if (!(s == s)) r.m = 0;  // NaN or +inf in the row: s is NaN; keep m finite for the merge
+      RowStats<T> r{m, s, t, sum_x};
+      if (!(s == s)) r.m = 0;  // NaN or +inf in the row: keep m finite for the merge
       out(i) = r;
       if (y != nullptr) m_local(i) = m;
     });
   }
 };
 
-/// The seed strategy's first pass: the local max only.
-template <class T, class MemSpace>
+/// The seed strategy's first pass: the local max only (+inf if the row holds +inf).
+template <class S, class T, class MemSpace, bool Capped>
 struct LocalMax {
-  KernelArgs<T, MemSpace> a;
-  Kokkos::View<T**, Kokkos::LayoutLeft, MemSpace> out;  // N x 3: m, s, t
+  KernelArgs<S, T, MemSpace> a;
+  Kokkos::View<T**, Kokkos::LayoutLeft, MemSpace> out;  // N x 4: m, s, t, a
   template <class Inner>
   KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t i) const {
-    const T* x = a.x + i * a.ld_x;
-    const T m = in.template max<T>(a.n, [&](std::int64_t j) { return x[j]; });
-    in.single([&]() { out(i, 0) = m; });
+    const S* x = a.x + i * a.ld_x;
+    const T zmax = in.template max<T>(a.n, [&](std::int64_t j) { return to_compute(x[j]); });
+    in.single([&]() { out(i, 0) = zmax == -neg_inf<T>() ? zmax : a.p.template transform<Capped>(zmax); });
   }
 };
 
-/// The seed strategy's second pass: sum of exp against the GLOBAL max, and the target logit.
-template <class T, class MemSpace>
+/// The seed strategy's second pass: sum of exp against the GLOBAL max, the target logit, the logit sum.
+template <class S, class T, class MemSpace, bool Capped>
 struct LocalSumGather {
-  KernelArgs<T, MemSpace> a;
+  KernelArgs<S, T, MemSpace> a;
   Kokkos::View<T**, Kokkos::LayoutLeft, MemSpace> out;  // column 0 holds the global max
   template <class Inner>
   KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t i) const {
-    const T* x = a.x + i * a.ld_x;
+    const S* x = a.x + i * a.ld_x;
+    const Params<T>& p = a.p;
     const T m = out(i, 0);
     T s = 0;
-    if (m != neg_inf<T>()) s = in.template sum<T>(a.n, [&](std::int64_t j) { return fast_exp(x[j] - m); });
+    if (m == -neg_inf<T>()) {
+      s = m - m;  // +inf somewhere in the row: NaN on every rank
+    } else if (m != neg_inf<T>()) {
+      s = in.template sum<T>(
+          a.n, [&](std::int64_t j) { return fast_exp(p.template transform<Capped>(to_compute(x[j])) - m); });
+    }
+    T sum_x = 0;
+    if (p.alpha > T(0))
+      sum_x = in.template sum<T>(a.n, [&](std::int64_t j) { return p.template transform<Capped>(to_compute(x[j])); });
     const std::int64_t c = a.local_target(i);
     in.barrier();
     in.single([&]() {
       out(i, 1) = s;
-      out(i, 2) = c >= 0 ? x[c] : T(0);
+      out(i, 2) = c >= 0 ? p.template transform<Capped>(to_compute(x[c])) : T(0);
+      out(i, 3) = sum_x;
     });
   }
 };
+
+/// What the checks of the targets found (one pass over N int64 values).
+struct TargetCheck {
+  std::int64_t first_bad = 0;  ///< the first row whose target is outside [0, V) and not ignore_index, or N
+  std::int64_t checksum = 0;   ///< order-independent hash of (row, target): ranks with other targets differ
+  std::int64_t n_valid = 0;    ///< rows whose target is not ignore_index
+};
+
+template <class ExecSpace, class MemSpace>
+TargetCheck check_targets(const ExecSpace& exec, const Kokkos::View<const std::int64_t*, MemSpace>& targets,
+                          std::int64_t vocab, std::int64_t ignore) {
+  const std::int64_t n = targets.extent(0);
+  using policy = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
+  std::int64_t first_bad = n;
+  Kokkos::parallel_reduce(
+      "vpce::check_targets", policy(exec, 0, n),
+      KOKKOS_LAMBDA(std::int64_t i, std::int64_t & lo) {
+        const std::int64_t t = targets(i);
+        if ((t < 0 || t >= vocab) && t != ignore && i < lo) lo = i;
+      },
+      Kokkos::Min<std::int64_t>(first_bad));
+  std::uint64_t sum = 0;
+  Kokkos::parallel_reduce(
+      "vpce::checksum_targets", policy(exec, 0, n),
+      KOKKOS_LAMBDA(std::int64_t i, std::uint64_t & acc) {
+        std::uint64_t h = static_cast<std::uint64_t>(targets(i)) * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(i);
+        h ^= h >> 31;
+        acc += h * 0xBF58476D1CE4E5B9ull;
+      },
+      sum);
+  std::int64_t n_valid = 0;
+  Kokkos::parallel_reduce(
+      "vpce::count_valid", policy(exec, 0, n),
+      KOKKOS_LAMBDA(std::int64_t i, std::int64_t & c) { c += targets(i) != ignore ? 1 : 0; }, n_valid);
+  // The Min reducer starts from the largest int64: no bad row leaves it there.
+  return {first_bad < n ? first_bad : n, static_cast<std::int64_t>(sum >> 1), n_valid};
+}
+
+/// Sum of a View in double.
+template <class ExecSpace, class View>
+double sum(const ExecSpace& exec, const View& v) {
+  double s = 0;
+  Kokkos::parallel_reduce(
+      "vpce::sum", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, v.extent(0)),
+      KOKKOS_LAMBDA(std::int64_t i, double& acc) { acc += double(v(i)); }, s);
+  return s;
+}
 
 /// Per-row incoming gradient: a View (one value per row) or one scalar for all rows.
 template <class T, class MemSpace>
@@ -218,68 +336,86 @@ struct GradScale {
 };
 
 enum class Write { loss, stash, grad };
+enum class Source { logits, stored_exp };
 
-/// After the collective: loss and lse per row, and, by `What`, the softmax stash or the gradient
-/// ((softmax - onehot) * g). With `FromExp` the rows already hold exp(x - m_local) (LocalStats stored
-/// them) and are rescaled by exp(m_local - lse); otherwise they are computed from the logits.
-template <class T, class MemSpace, Write What, bool FromExp>
+/// After the collective: loss and lse per row (if `write_loss`), and by `What` the stash or the gradient.
+/// The gradient row is (p_j (1 + 2 zeta lse) - alpha/V - (1 - alpha)[j == target]) * dx_j/dz_j * g_i
+/// (zero for an ignored row). The stash holds the same with g = 1 and without the target term, whose
+/// coefficient (1 - alpha) dx_c/dz_c goes to `stash_target`; backward() then needs only the stash.
+/// Source::stored_exp: the rows already hold exp(x - m_local) (LocalStats stored them; no softcap) and are
+/// rescaled; Source::logits: computed from the logits (may be the same buffer as y).
+template <class S, class T, class G, class MemSpace, Write What, Source From, bool Capped>
 struct Finalize {
-  KernelArgs<T, MemSpace> a;
+  KernelArgs<S, T, MemSpace> a;
   Kokkos::View<const RowStats<T>*, MemSpace> stats;
   Kokkos::View<T*, MemSpace> loss, lse;
-  T* y = nullptr;  ///< stash or gradient rows
+  G* y = nullptr;  ///< stash or gradient rows
   std::int64_t ld_y = 0;
   GradScale<T, MemSpace> g;
   Kokkos::View<const T*, MemSpace> m_local;
+  Kokkos::View<T*, MemSpace> stash_target;
+  bool write_loss = true;
   template <class Inner>
   KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t i) const {
+    const Params<T>& p = a.p;
     const RowStats<T> r = stats(i);
     const T l = r.m + kmath::log(r.s);
+    const bool valid = a.valid(i);
     if constexpr (What != Write::loss) {
-      T* yr = y + i * ld_y;
-      const T scale = What == Write::grad ? g(i) : T(1);
-      if constexpr (FromExp) {
-        const T f = fast_exp(m_local(i) - l) * scale;
-        in.for_each(a.n, [&](std::int64_t j) { yr[j] *= f; });
+      G* yr = y + i * ld_y;
+      const S* x = a.x + i * a.ld_x;
+      const T gi = What == Write::stash ? T(1) : (valid ? g(i) : T(0));
+      const T kp = gi * (T(1) + T(2) * p.zeta * l);  // coefficient of p_j
+      const T ka = gi * p.alpha * p.inv_vocab;        // smoothing term, every column
+      const T kt = gi * (T(1) - p.alpha);              // target term
+      const std::int64_t c = a.local_target(i);
+      // dx/dz at the target, read before the row (which may alias the logits) is overwritten.
+      const T chain_c = c >= 0 ? p.template chain<Capped>(p.template transform<Capped>(to_compute(x[c]))) : T(0);
+      in.barrier();
+      if (What == Write::grad && !valid) {
+        in.for_each(a.n, [&](std::int64_t j) { yr[j] = G(T(0)); });
+      } else if constexpr (From == Source::stored_exp) {
+        const T f = fast_exp(m_local(i) - l) * kp * p.scale, k0 = ka * p.scale;
+        in.for_each(a.n, [&](std::int64_t j) { yr[j] = G(T(yr[j]) * f - k0); });
       } else {
-        const T* x = a.x + i * a.ld_x;
-        in.for_each(a.n, [&](std::int64_t j) { yr[j] = fast_exp(x[j] - l) * scale; });
+        in.for_each(a.n, [&](std::int64_t j) {
+          const T xj = p.template transform<Capped>(to_compute(x[j]));
+          yr[j] = G((fast_exp(xj - l) * kp - ka) * p.template chain<Capped>(xj));
+        });
       }
+      in.barrier();
       if constexpr (What == Write::grad) {
-        const std::int64_t c = a.local_target(i);
-        in.barrier();
-        if (c >= 0) in.single([&]() { yr[c] -= scale; });
+        if (c >= 0 && valid) in.single([&]() { yr[c] = G(T(yr[c]) - kt * chain_c); });
+      } else {
+        in.single([&]() { stash_target(i) = kt * chain_c; });
       }
     }
-    in.single([&]() {
-      lse(i) = l;
-      loss(i) = l - r.t;
-    });
+    if (write_loss) {
+      in.single([&]() {
+        lse(i) = l;
+        loss(i) = valid ? l - (T(1) - p.alpha) * r.t - p.alpha * p.inv_vocab * r.a + p.zeta * l * l : T(0);
+      });
+    }
   }
 };
 
-/// backward(): gradient rows from the caller's logits and lse (recompute) or from the stash.
-template <class T, class MemSpace, bool FromStash>
-struct Backward {
-  KernelArgs<T, MemSpace> a;
-  Kokkos::View<const T*, MemSpace> lse;
-  T* y = nullptr;
+/// backward() from the stash: y_j = (q_j - [j == target] * stash_target_i) * g_i, zero for ignored rows.
+template <class T, class G, class MemSpace>
+struct BackwardFromStash {
+  KernelArgs<T, T, MemSpace> a;  ///< x: the stash
+  Kokkos::View<const T*, MemSpace> stash_target;
+  G* y = nullptr;
   std::int64_t ld_y = 0;
   GradScale<T, MemSpace> g;
   template <class Inner>
   KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t i) const {
-    const T* x = a.x + i * a.ld_x;
-    T* yr = y + i * ld_y;
-    const T scale = g(i);
-    if constexpr (FromStash) {
-      in.for_each(a.n, [&](std::int64_t j) { yr[j] = x[j] * scale; });
-    } else {
-      const T l = lse(i);
-      in.for_each(a.n, [&](std::int64_t j) { yr[j] = fast_exp(x[j] - l) * scale; });
-    }
+    const T* q = a.x + i * a.ld_x;
+    G* yr = y + i * ld_y;
+    const T gi = a.valid(i) ? g(i) : T(0);
+    in.for_each(a.n, [&](std::int64_t j) { yr[j] = G(q[j] * gi); });
     const std::int64_t c = a.local_target(i);
     in.barrier();
-    if (c >= 0) in.single([&]() { yr[c] -= scale; });
+    if (c >= 0 && gi != T(0)) in.single([&]() { yr[c] = G(T(yr[c]) - gi * stash_target(i)); });
   }
 };
 

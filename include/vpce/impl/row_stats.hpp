@@ -4,23 +4,30 @@
 
 #include <Kokkos_Core.hpp>
 
-#include <limits>
+#include <cmath>
+#include <type_traits>
 
 #include "vpce/impl/math.hpp"
 
 namespace vpce::impl {
 
 /// Per-row partial statistics of one rank, and after the collective the merged ones:
-/// m = max logit, s = sum exp(x - m), t = the target's logit (0 where the target is not local).
+/// m = max logit, s = sum exp(x - m), t = the target's logit (0 where the target is not local), a = the
+/// sum of the logits (only computed with label smoothing, else 0).
 /// A row with a NaN or +inf logit is marked by s = NaN (and m = 0, so the merge stays defined).
 template <class T>
 struct RowStats {
-  T m, s, t;
+  T m, s, t, a;
 };
 
 template <class T>
 KOKKOS_INLINE_FUNCTION T neg_inf() {
-  return -std::numeric_limits<T>::infinity();
+  // HUGE_VAL(F) are constant expressions on the host and on devices (numeric_limits is host-only in CUDA).
+  if constexpr (std::is_same_v<T, float>) {
+    return -HUGE_VALF;
+  } else {
+    return -HUGE_VAL;
+  }
 }
 
 /// The associative, commutative merge of two partials (DESIGN.md section 1). A partial whose m is -inf
@@ -34,6 +41,7 @@ KOKKOS_INLINE_FUNCTION RowStats<T> merge(const RowStats<T>& a, const RowStats<T>
   r.m = hi.m;
   r.s = hi.s + (lo.m == neg_inf<T>() ? T(0) * lo.s : lo.s * fast_exp(lo.m - hi.m));
   r.t = a.t + b.t;
+  r.a = a.a + b.a;
   return r;
 }
 

@@ -1,5 +1,5 @@
-// Explicit instantiations for the default execution space, compiled with vpce's own flags
-// (-fopenmp-simd for the vectorised row loops). Other spaces are instantiated from the headers.
+// Option names. The explicit instantiations are in cross_entropy_<type>.cpp (one per logits type, so that
+// they compile in parallel).
 #include "vpce/cross_entropy.hpp"
 
 #include <string>
@@ -8,8 +8,6 @@
 
 namespace vpce {
 
-template class CrossEntropy<float, Kokkos::DefaultExecutionSpace>;
-template class CrossEntropy<double, Kokkos::DefaultExecutionSpace>;
 
 Strategy strategy_from_string(const std::string& s) {
   if (s == "fused") return Strategy::fused;
@@ -22,6 +20,15 @@ Mode mode_from_string(const std::string& s) {
   if (s == "recompute") return Mode::recompute;
   VPCE_THROW_IF(true, "unknown memory mode '" + s + "' (expected stash or recompute)");
 }
+
+Reduction reduction_from_string(const std::string& s) {
+  if (s == "none") return Reduction::none;
+  if (s == "sum") return Reduction::sum;
+  if (s == "mean") return Reduction::mean;
+  VPCE_THROW_IF(true, "unknown reduction '" + s + "' (expected none, sum or mean)");
+}
+
+const char* to_string(Reduction r) { return r == Reduction::none ? "none" : (r == Reduction::sum ? "sum" : "mean"); }
 
 const char* to_string(Strategy s) { return s == Strategy::fused ? "fused" : "seed"; }
 const char* to_string(Mode m) { return m == Mode::stash_softmax ? "stash" : "recompute"; }

@@ -1,0 +1,82 @@
+/* vpce C API: vocab-parallel cross entropy from C and (through ISO_C_BINDING, see vpce.f90) Fortran.
+ *
+ * All pointers are host pointers; arrays are row-major (C order): logits N x V_local, the gradient the
+ * same, targets/loss/grad_loss/lse N. The loss, lse and grad_loss are double for VPCE_FLOAT64 logits and
+ * float otherwise. The gradient is float (double for VPCE_FLOAT64) or, with options.grad_in_logits_type
+ * set and 16-bit logits, in the logits' own 16-bit type.
+ *
+ * Every call returns a vpce_status; on failure vpce_last_error() gives the message (per thread). Calls
+ * marked "collective" must be made by every rank of the communicator; they fail on every rank alike. */
+#ifndef VPCE_VPCE_H
+#define VPCE_VPCE_H
+
+#include <mpi.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { VPCE_SUCCESS = 0, VPCE_ERROR_INPUT = 1, VPCE_ERROR_INTERNAL = 2 } vpce_status;
+typedef enum { VPCE_FLOAT32 = 0, VPCE_FLOAT64 = 1, VPCE_BFLOAT16 = 2, VPCE_FLOAT16 = 3 } vpce_dtype;
+typedef enum { VPCE_STRATEGY_FUSED = 0, VPCE_STRATEGY_SEED = 1 } vpce_strategy;
+typedef enum { VPCE_MODE_RECOMPUTE = 0, VPCE_MODE_STASH_SOFTMAX = 1 } vpce_mode;
+typedef enum { VPCE_REDUCTION_NONE = 0, VPCE_REDUCTION_SUM = 1, VPCE_REDUCTION_MEAN = 2 } vpce_reduction;
+
+/* vpce::Options; fill with vpce_options_default() first. */
+typedef struct {
+  int strategy;             /* vpce_strategy */
+  int mode;                 /* vpce_mode */
+  int nan_is_error;         /* 1: NaN/+inf logits are an error (default); 0: they propagate */
+  int64_t ignore_index;     /* default -100 */
+  int reduction;            /* vpce_reduction */
+  double label_smoothing;   /* [0, 1] */
+  double z_loss;            /* >= 0 */
+  double logit_scale;       /* > 0, default 1 */
+  double softcap;           /* >= 0, 0: off */
+  int grad_in_logits_type;  /* 16-bit logits only: write the gradient as 16-bit */
+} vpce_options;
+
+typedef struct vpce_handle_s* vpce_handle;
+
+void vpce_options_default(vpce_options* options);
+
+/* Kokkos for C and Fortran programs: vpce_initialize() initialises Kokkos unless the program already did
+ * (call it after MPI_Init, before vpce_create); vpce_finalize() finalises Kokkos only if vpce_initialize()
+ * initialised it (call it after the last vpce_destroy, before MPI_Finalize). */
+vpce_status vpce_initialize(void);
+vpce_status vpce_finalize(void);
+
+/* Collective. This rank owns `local_vocab` columns, ranks in order (an uneven split is fine); the
+ * communicator is duplicated. `options` may be NULL (defaults). */
+vpce_status vpce_create(MPI_Comm comm, int64_t local_vocab, vpce_dtype dtype, const vpce_options* options,
+                        vpce_handle* handle);
+/* The same from Fortran's integer communicator handle. */
+vpce_status vpce_create_f(MPI_Fint comm, int64_t local_vocab, int dtype, const vpce_options* options,
+                          vpce_handle* handle);
+vpce_status vpce_destroy(vpce_handle handle);
+
+/* This rank's first global column, its width, and the global vocabulary size. */
+vpce_status vpce_partition(vpce_handle handle, int64_t* begin, int64_t* local_vocab, int64_t* vocab);
+
+/* Collective. Per-token loss; keeps what backward needs (recompute mode: the logits must stay unchanged). */
+vpce_status vpce_forward(vpce_handle handle, int64_t n_tokens, const void* logits, const int64_t* targets,
+                         void* loss);
+/* Gradient of the last forward: of sum_i grad_loss[i] * loss_i if grad_loss is not NULL (reduction none),
+ * else of grad_scale * (the sum, or with reduction mean the mean, of the losses). No communication. */
+vpce_status vpce_backward(vpce_handle handle, const void* grad_loss, double grad_scale, void* grad);
+/* Collective. Loss and gradient in one call; grad may be the logits' own buffer. */
+vpce_status vpce_loss_and_grad(vpce_handle handle, int64_t n_tokens, const void* logits, const int64_t* targets,
+                               void* loss, void* grad, const void* grad_loss, double grad_scale);
+/* lse per row of the last call (N values), and the reduced loss (sum for reduction none). */
+vpce_status vpce_lse(vpce_handle handle, void* lse);
+vpce_status vpce_reduced_loss(vpce_handle handle, double* loss);
+
+/* The message of this thread's last failed call ("" if none). */
+const char* vpce_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* VPCE_VPCE_H */

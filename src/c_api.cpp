@@ -1,0 +1,261 @@
+// The C API: a handle holds a CrossEntropy on the host execution space, over unmanaged Views of the
+// caller's pointers.
+#include "vpce/vpce.h"
+
+#include <memory>
+#include <string>
+
+#include "vpce/vpce.hpp"
+
+namespace {
+
+thread_local std::string g_last_error;
+bool g_we_initialized_kokkos = false;
+
+using Host = Kokkos::DefaultHostExecutionSpace;
+using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
+
+struct HandleBase {
+  virtual ~HandleBase() = default;
+  virtual void forward(std::int64_t n, const void* logits, const std::int64_t* targets, void* loss) = 0;
+  virtual void backward(const void* grad_loss, double scale, void* grad) = 0;
+  virtual void loss_and_grad(std::int64_t n, const void* logits, const std::int64_t* targets, void* loss, void* grad,
+                             const void* grad_loss, double scale) = 0;
+  virtual void lse(void* out) const = 0;
+  virtual double reduced_loss() const = 0;
+  virtual const vpce::VocabPartition& partition() const = 0;
+};
+
+template <class S>
+struct Handle final : HandleBase {
+  using CE = vpce::CrossEntropy<S, Host>;
+  using T = typename CE::compute_type;
+  using HS = Kokkos::HostSpace;
+  Handle(const vpce::Communicator& comm, std::int64_t local_vocab, const vpce::Options& opt, bool grad_16)
+      : part(vpce::VocabPartition::from_local_size(local_vocab, comm)), ce(comm, part, opt), grad_16bit(grad_16) {}
+
+  // A NULL pointer becomes an empty View: the library's collective shape checks then fail on every rank
+  // alike (a local check here could leave the other ranks waiting in the collective).
+  static std::size_t rows(std::int64_t n, const void* p) { return p ? std::size_t(n < 0 ? 0 : n) : 0; }
+  Kokkos::View<const S**, Kokkos::LayoutRight, HS, Unmanaged> logits_view(std::int64_t n, const void* p) const {
+    using V = Kokkos::View<const S**, Kokkos::LayoutRight, HS, Unmanaged>;
+    return V(static_cast<const S*>(p), rows(n, p), p ? std::size_t(part.local_size()) : 0);
+  }
+  template <class G>
+  Kokkos::View<G**, Kokkos::LayoutRight, HS, Unmanaged> grad_view(std::int64_t n, void* p) const {
+    using V = Kokkos::View<G**, Kokkos::LayoutRight, HS, Unmanaged>;
+    return V(static_cast<G*>(p), rows(n, p), p ? std::size_t(part.local_size()) : 0);
+  }
+  Kokkos::View<const T*, HS, Unmanaged> grad_loss_view(std::int64_t n, const void* p) const {
+    return Kokkos::View<const T*, HS, Unmanaged>(static_cast<const T*>(p), rows(n, p));
+  }
+
+  void forward(std::int64_t n, const void* logits, const std::int64_t* targets, void* loss) override {
+    ce.forward(logits_view(n, logits), Kokkos::View<const std::int64_t*, HS, Unmanaged>(targets, rows(n, targets)),
+               Kokkos::View<T*, HS, Unmanaged>(static_cast<T*>(loss), rows(n, loss)));
+    n_rows = n;
+  }
+  void backward(const void* grad_loss, double scale, void* grad) override {
+    if constexpr (vpce::is_16bit_v<S>) {
+      if (grad_16bit) {
+        if (grad_loss) ce.backward(grad_loss_view(n_rows, grad_loss), grad_view<S>(n_rows, grad));
+        else ce.backward(T(scale), grad_view<S>(n_rows, grad));
+        return;
+      }
+    }
+    if (grad_loss) ce.backward(grad_loss_view(n_rows, grad_loss), grad_view<T>(n_rows, grad));
+    else ce.backward(T(scale), grad_view<T>(n_rows, grad));
+  }
+  void loss_and_grad(std::int64_t n, const void* logits, const std::int64_t* targets, void* loss, void* grad,
+                     const void* grad_loss, double scale) override {
+    const auto x = logits_view(n, logits);
+    const Kokkos::View<const std::int64_t*, HS, Unmanaged> t(targets, rows(n, targets));
+    const Kokkos::View<T*, HS, Unmanaged> l(static_cast<T*>(loss), rows(n, loss));
+    n_rows = n;
+    if constexpr (vpce::is_16bit_v<S>) {
+      if (grad_16bit) {
+        if (grad_loss) ce.loss_and_grad(x, t, l, grad_view<S>(n, grad), grad_loss_view(n, grad_loss));
+        else ce.loss_and_grad(x, t, l, grad_view<S>(n, grad), T(scale));
+        return;
+      }
+    }
+    if (grad_loss) ce.loss_and_grad(x, t, l, grad_view<T>(n, grad), grad_loss_view(n, grad_loss));
+    else ce.loss_and_grad(x, t, l, grad_view<T>(n, grad), T(scale));
+  }
+  void lse(void* out) const override {
+    const auto v = ce.lse();
+    Kokkos::deep_copy(Kokkos::View<T*, HS, Unmanaged>(static_cast<T*>(out), v.extent(0)), v);
+  }
+  double reduced_loss() const override { return ce.reduced_loss(); }
+  const vpce::VocabPartition& partition() const override { return part; }
+
+  vpce::VocabPartition part;
+  CE ce;
+  bool grad_16bit;
+  std::int64_t n_rows = 0;
+};
+
+template <class F>
+vpce_status guarded(F&& f) {
+  try {
+    f();
+    g_last_error.clear();
+    return VPCE_SUCCESS;
+  } catch (const vpce::Error& e) {
+    g_last_error = e.what();
+    return VPCE_ERROR_INPUT;
+  } catch (const std::exception& e) {
+    g_last_error = std::string("vpce: ") + e.what();
+    return VPCE_ERROR_INTERNAL;
+  }
+}
+
+vpce::Options to_options(const vpce_options* o) {
+  vpce_options d;
+  vpce_options_default(&d);
+  if (!o) o = &d;
+  VPCE_THROW_IF(o->strategy < 0 || o->strategy > 1, "options.strategy must be VPCE_STRATEGY_FUSED or _SEED");
+  VPCE_THROW_IF(o->mode < 0 || o->mode > 1, "options.mode must be VPCE_MODE_RECOMPUTE or _STASH_SOFTMAX");
+  VPCE_THROW_IF(o->reduction < 0 || o->reduction > 2, "options.reduction must be VPCE_REDUCTION_NONE, _SUM or _MEAN");
+  vpce::Options opt;
+  opt.strategy = o->strategy == VPCE_STRATEGY_SEED ? vpce::Strategy::seed : vpce::Strategy::fused;
+  opt.mode = o->mode == VPCE_MODE_STASH_SOFTMAX ? vpce::Mode::stash_softmax : vpce::Mode::recompute;
+  opt.non_finite = o->nan_is_error ? vpce::NonFinite::error : vpce::NonFinite::propagate;
+  opt.ignore_index = o->ignore_index;
+  opt.reduction = static_cast<vpce::Reduction>(o->reduction);
+  opt.label_smoothing = o->label_smoothing;
+  opt.z_loss = o->z_loss;
+  opt.logit_scale = o->logit_scale;
+  opt.softcap = o->softcap;
+  return opt;
+}
+
+}  // namespace
+
+struct vpce_handle_s {
+  std::unique_ptr<HandleBase> impl;
+};
+
+extern "C" {
+
+void vpce_options_default(vpce_options* o) {
+  if (!o) return;
+  const vpce::Options d;
+  o->strategy = VPCE_STRATEGY_FUSED;
+  o->mode = VPCE_MODE_RECOMPUTE;
+  o->nan_is_error = 1;
+  o->ignore_index = d.ignore_index;
+  o->reduction = VPCE_REDUCTION_NONE;
+  o->label_smoothing = d.label_smoothing;
+  o->z_loss = d.z_loss;
+  o->logit_scale = d.logit_scale;
+  o->softcap = d.softcap;
+  o->grad_in_logits_type = 0;
+}
+
+vpce_status vpce_initialize(void) {
+  return guarded([&] {
+    if (Kokkos::is_initialized()) return;
+    Kokkos::initialize();
+    g_we_initialized_kokkos = true;
+  });
+}
+
+vpce_status vpce_finalize(void) {
+  return guarded([&] {
+    if (!g_we_initialized_kokkos) return;
+    Kokkos::finalize();
+    g_we_initialized_kokkos = false;
+  });
+}
+
+vpce_status vpce_create(MPI_Comm comm, int64_t local_vocab, vpce_dtype dtype, const vpce_options* options,
+                        vpce_handle* handle) {
+  return guarded([&] {
+    VPCE_THROW_IF(handle == nullptr, "handle is NULL");
+    *handle = nullptr;
+    VPCE_THROW_IF(!Kokkos::is_initialized(), "Kokkos is not initialised: call vpce_initialize() first");
+    const vpce::Communicator c(comm);
+    // Argument errors must fail on every rank alike: agree on them before anything collective.
+    std::string err;
+    vpce::Options opt;
+    try {
+      opt = to_options(options);
+      VPCE_THROW_IF(dtype < VPCE_FLOAT32 || dtype > VPCE_FLOAT16, "unknown dtype " + std::to_string(int(dtype)));
+    } catch (const vpce::Error& e) {
+      err = e.what();
+    }
+    c.agree_or_throw(err, {{"the dtype", std::int64_t(dtype)}});
+    const bool g16 = options && options->grad_in_logits_type;
+    auto h = std::make_unique<vpce_handle_s>();
+    switch (dtype) {
+      case VPCE_FLOAT32: h->impl = std::make_unique<Handle<float>>(c, local_vocab, opt, g16); break;
+      case VPCE_FLOAT64: h->impl = std::make_unique<Handle<double>>(c, local_vocab, opt, g16); break;
+      case VPCE_BFLOAT16: h->impl = std::make_unique<Handle<vpce::bfloat16>>(c, local_vocab, opt, g16); break;
+      case VPCE_FLOAT16: h->impl = std::make_unique<Handle<vpce::float16>>(c, local_vocab, opt, g16); break;
+    }
+    *handle = h.release();
+  });
+}
+
+vpce_status vpce_create_f(MPI_Fint comm, int64_t local_vocab, int dtype, const vpce_options* options,
+                          vpce_handle* handle) {
+  return vpce_create(MPI_Comm_f2c(comm), local_vocab, static_cast<vpce_dtype>(dtype), options, handle);
+}
+
+vpce_status vpce_destroy(vpce_handle handle) {
+  return guarded([&] { delete handle; });
+}
+
+#define VPCE_CHECK_HANDLE(h) VPCE_THROW_IF((h) == nullptr || !(h)->impl, "the handle is NULL or destroyed")
+
+vpce_status vpce_partition(vpce_handle h, int64_t* begin, int64_t* local_vocab, int64_t* vocab) {
+  return guarded([&] {
+    VPCE_CHECK_HANDLE(h);
+    const auto& p = h->impl->partition();
+    if (begin) *begin = p.begin();
+    if (local_vocab) *local_vocab = p.local_size();
+    if (vocab) *vocab = p.vocab_size();
+  });
+}
+
+vpce_status vpce_forward(vpce_handle h, int64_t n, const void* logits, const int64_t* targets, void* loss) {
+  return guarded([&] {
+    VPCE_CHECK_HANDLE(h);
+    h->impl->forward(n, logits, targets, loss);
+  });
+}
+
+vpce_status vpce_backward(vpce_handle h, const void* grad_loss, double grad_scale, void* grad) {
+  return guarded([&] {
+    VPCE_CHECK_HANDLE(h);
+    h->impl->backward(grad_loss, grad_scale, grad);
+  });
+}
+
+vpce_status vpce_loss_and_grad(vpce_handle h, int64_t n, const void* logits, const int64_t* targets, void* loss,
+                               void* grad, const void* grad_loss, double grad_scale) {
+  return guarded([&] {
+    VPCE_CHECK_HANDLE(h);
+    h->impl->loss_and_grad(n, logits, targets, loss, grad, grad_loss, grad_scale);
+  });
+}
+
+vpce_status vpce_lse(vpce_handle h, void* lse) {
+  return guarded([&] {
+    VPCE_CHECK_HANDLE(h);
+    h->impl->lse(lse);
+  });
+}
+
+vpce_status vpce_reduced_loss(vpce_handle h, double* loss) {
+  return guarded([&] {
+    VPCE_CHECK_HANDLE(h);
+    VPCE_THROW_IF(loss == nullptr, "loss is NULL");
+    *loss = h->impl->reduced_loss();
+  });
+}
+
+const char* vpce_last_error(void) { return g_last_error.c_str(); }
+
+}  // extern "C"
