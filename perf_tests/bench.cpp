@@ -17,6 +17,40 @@ namespace {
 
 using Exec = Kokkos::DefaultExecutionSpace;
 
+// Time inside vpce's "vpce::collective" Kokkos Tools regions (MPI calls, staging, waiting for the other
+// ranks), from region callbacks installed while the benchmark runs (not when a Kokkos tool is loaded).
+std::vector<std::pair<std::string, double>> g_regions;
+double g_collective_s = 0;
+void push_region(const char* name) { g_regions.emplace_back(name, MPI_Wtime()); }
+void pop_region() {
+  if (g_regions.empty()) return;
+  if (g_regions.back().first == "vpce::collective") g_collective_s += MPI_Wtime() - g_regions.back().second;
+  g_regions.pop_back();
+}
+struct RegionTimer {
+  bool active = !Kokkos::Profiling::profileLibraryLoaded();
+  RegionTimer() {
+    if (!active) return;
+    Kokkos::Tools::Experimental::set_push_region_callback(push_region);
+    Kokkos::Tools::Experimental::set_pop_region_callback(pop_region);
+  }
+  ~RegionTimer() {
+    if (!active) return;
+    Kokkos::Tools::Experimental::set_push_region_callback(nullptr);
+    Kokkos::Tools::Experimental::set_pop_region_callback(nullptr);
+  }
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct Timing {
+  double median_ms, min_ms, collective_ms;
+};
+
 bool wanted(const Config& c, const std::string& name) {
   if (c.only.empty()) return true;
   for (const auto& p : c.only)
@@ -24,23 +58,23 @@ bool wanted(const Config& c, const std::string& name) {
   return false;
 }
 
-/// Median and minimum over reps of the slowest rank's time of `op` (after one warm-up call).
-std::pair<double, double> time_op(const Communicator& comm, int reps, const std::function<void()>& op) {
+/// Median and minimum over reps of the slowest rank's time of `op` (after one warm-up call), and the median
+/// of the slowest rank's time inside vpce's collective regions.
+Timing time_op(const Communicator& comm, int reps, const std::function<void()>& op) {
   op();
-  std::vector<double> ms;
+  std::vector<double> ms, coll;
   for (int r = 0; r < reps; ++r) {
     MPI_Barrier(comm.comm());
+    g_collective_s = 0;
     const double t0 = MPI_Wtime();
     op();
     Kokkos::fence();
-    double dt = (MPI_Wtime() - t0) * 1e3, worst = 0;
-    MPI_Allreduce(&dt, &worst, 1, MPI_DOUBLE, MPI_MAX, comm.comm());
-    ms.push_back(worst);
+    double mine[2] = {(MPI_Wtime() - t0) * 1e3, g_collective_s * 1e3}, worst[2];
+    MPI_Allreduce(mine, worst, 2, MPI_DOUBLE, MPI_MAX, comm.comm());
+    ms.push_back(worst[0]);
+    coll.push_back(worst[1]);
   }
-  std::sort(ms.begin(), ms.end());
-  const std::size_t n = ms.size();
-  const double median = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
-  return {median, ms.front()};
+  return {median(ms), *std::min_element(ms.begin(), ms.end()), median(coll)};
 }
 
 /// Deterministic pseudo-random logits shaped like an LM head's: Gaussian-ish noise with a column bias.
@@ -86,9 +120,10 @@ std::vector<Record> run_typed(const Communicator& comm, const Config& cfg) {
 
   const double elem_bytes = double(n) * double(v_max) * sizeof(S);
   std::vector<Record> recs;
+  const RegionTimer timer;
   auto add = [&](const std::string& name, double bytes, const std::function<void()>& op) {
     if (!wanted(cfg, name) && name != "copy") return;
-    const auto [med, mn] = time_op(comm, cfg.reps, op);
+    const auto t = time_op(comm, cfg.reps, op);
     Record r;
     r.name = name;
     r.ranks = comm.size();
@@ -96,10 +131,11 @@ std::vector<Record> run_typed(const Communicator& comm, const Config& cfg) {
     r.tokens = n;
     r.vocab_local = v_max;
     r.dtype = cfg.dtype;
-    r.ms_median = med;
-    r.ms_min = mn;
+    r.ms_median = t.median_ms;
+    r.ms_min = t.min_ms;
+    r.collective_ms = timer.active ? t.collective_ms : -1;
     r.bytes = bytes;
-    r.gbps = bytes / (med * 1e6);
+    r.gbps = bytes / (t.median_ms * 1e6);
     recs.push_back(r);
   };
 
@@ -168,7 +204,8 @@ std::string to_json(const std::vector<Record>& records) {
     os << "  {\"name\": \"" << r.name << "\", \"ranks\": " << r.ranks << ", \"threads\": " << r.threads
        << ", \"tokens\": " << r.tokens << ", \"vocab_local\": " << r.vocab_local << ", \"dtype\": \"" << r.dtype
        << "\", \"ms_median\": " << r.ms_median << ", \"ms_min\": " << r.ms_min << ", \"bytes\": " << r.bytes
-       << ", \"gbps\": " << r.gbps << ", \"ratio_to_copy\": " << r.ratio_to_copy << ", \"backend\": \""
+       << ", \"gbps\": " << r.gbps << ", \"ratio_to_copy\": " << r.ratio_to_copy
+       << ", \"collective_ms\": " << r.collective_ms << ", \"backend\": \""
        << Exec::name() << "\", \"kokkos_version\": " << KOKKOS_VERSION << ", \"vpce_version\": \""
        << VPCE_VERSION_STRING << "\"}" << (k + 1 < records.size() ? "," : "") << "\n";
   }
@@ -185,11 +222,12 @@ std::string to_table(const std::vector<Record>& records) {
                   records[0].dtype.c_str());
     os << line;
   }
-  std::snprintf(line, sizeof line, "%-36s %10s %10s %8s %8s\n", "name", "ms(median)", "ms(min)", "GB/s", "x copy");
+  std::snprintf(line, sizeof line, "%-36s %10s %10s %8s %8s %12s\n", "name", "ms(median)", "ms(min)", "GB/s",
+                "x copy", "MPI ms");
   os << line;
   for (const auto& r : records) {
-    std::snprintf(line, sizeof line, "%-36s %10.2f %10.2f %8.2f %8.2f\n", r.name.c_str(), r.ms_median, r.ms_min,
-                  r.gbps, r.ratio_to_copy);
+    std::snprintf(line, sizeof line, "%-36s %10.2f %10.2f %8.2f %8.2f %12.3f\n", r.name.c_str(), r.ms_median,
+                  r.ms_min, r.gbps, r.ratio_to_copy, r.collective_ms);
     os << line;
   }
   return os.str();

@@ -33,6 +33,7 @@ struct Record {
   double bytes = 0;        ///< bytes the operation must move per rank (logits read, gradient/stash written, ...)
   double gbps = 0;         ///< bytes / ms_median
   double ratio_to_copy = 0;  ///< ms_median / the copy's ms_median
+  double collective_ms = 0;  ///< median (slowest rank) time in vpce's collective regions; -1: not measured
 };
 
 /// Collective: runs the benchmark; every rank returns the same records.
