@@ -148,7 +148,7 @@ class CrossEntropy {
   seed_view m_seed;  // N x 4 (max, sum, target, logit sum) for the seed strategy
   decltype(Kokkos::create_mirror_view(std::declval<staging>(), std::declval<seed_view>())) m_seed_host;
   Kokkos::View<T*, memory_space> m_lse;
-  Kokkos::View<T*, memory_space> m_local_max;  // this rank's row max, kept between the two kernels
+  Kokkos::View<T**, Kokkos::LayoutRight, memory_space> m_chunk_max;  // running max per row chunk, between kernels
   Kokkos::View<T**, Kokkos::LayoutRight, memory_space> m_stash;
   Kokkos::View<T*, memory_space> m_stash_target;
 

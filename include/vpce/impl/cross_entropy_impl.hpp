@@ -204,7 +204,7 @@ void CrossEntropy<Scalar, ExecSpace>::ensure_capacity(std::int64_t n, bool stash
     m_records = records_view(alloc("vpce::records"), n);
     m_records_host = Kokkos::create_mirror_view(staging(), m_records);
     m_lse = Kokkos::View<T*, memory_space>(alloc("vpce::lse"), n);
-    m_local_max = Kokkos::View<T*, memory_space>(alloc("vpce::m"), n);
+    m_chunk_max = decltype(m_chunk_max)(alloc("vpce::chunk_max"), n, std::max<std::int64_t>(1, impl::num_chunks(m_part.local_size())));
   }
   if (m_opt.strategy == Strategy::seed && std::int64_t(m_seed.extent(0)) < n) {
     m_seed = seed_view(alloc("vpce::seed_stats"), n, 4);
@@ -294,7 +294,7 @@ void CrossEntropy<Scalar, ExecSpace>::compute(const logits_view& logits, const t
                                                  m_part.begin(), targets, params()};
   const bool teams = use_teams();
   const MPI_Comm comm = m_comm.comm();
-  // The fused strategy stores exp(x - m_local) in the output rows during the statistics and rescales it
+  // The fused strategy stores exp(x - m) in the output rows during the statistics and rescales it
   // after the collective (one exp per element). Not with the softcap (the chain rule needs x again), nor
   // for 16-bit outputs (the stored exp would be rounded twice), nor for the seed strategy.
   constexpr bool can_store = std::is_same_v<G, T> && !Capped;
@@ -304,7 +304,7 @@ void CrossEntropy<Scalar, ExecSpace>::compute(const logits_view& logits, const t
     impl::ScopedRegion r("vpce::loss_grad");
     auto launch = [&](auto what, auto from) {
       impl::Finalize<Scalar, T, G, memory_space, decltype(what)::value, decltype(from)::value, Capped> f{
-          args, m_records, loss, m_lse, y, ld_y, g, m_local_max, m_stash_target, true};
+          args, m_records, loss, m_lse, y, ld_y, g, m_chunk_max, m_stash_target, true};
       impl::for_rows("vpce::finalize", m_exec, r0, r1, f, teams);
     };
     using W = impl::Write;
@@ -365,7 +365,7 @@ void CrossEntropy<Scalar, ExecSpace>::compute(const logits_view& logits, const t
       const std::int64_t r1 = std::min(n_rows, r0 + m_block_rows);
       {
         impl::ScopedRegion r("vpce::stats");
-        impl::LocalStats<Scalar, T, memory_space, Capped> f{args, m_records, nullptr, 0, m_local_max};
+        impl::LocalStats<Scalar, T, memory_space, Capped> f{args, m_records, nullptr, 0, m_chunk_max};
         if constexpr (can_store) {
           if (store) {
             f.y = y;
@@ -427,7 +427,7 @@ void CrossEntropy<Scalar, ExecSpace>::backward_rows(const impl::GradScale<T, mem
     impl::KernelArgs<Scalar, T, memory_space> args{m_saved_logits.data(), std::int64_t(m_saved_logits.stride(0)),
                                                    m_part.local_size(), m_part.begin(), m_saved_targets, params()};
     impl::Finalize<Scalar, T, G, memory_space, impl::Write::grad, impl::Source::logits, Capped> f{
-        args, m_records, loss_view(), m_lse, y, ld_y, g, m_local_max, m_stash_target, false};
+        args, m_records, loss_view(), m_lse, y, ld_y, g, m_chunk_max, m_stash_target, false};
     // The records hold the merged statistics of the last forward; lse is recomputed from them.
     impl::for_rows("vpce::backward_recompute", m_exec, 0, n_rows, f, use_teams());
   }

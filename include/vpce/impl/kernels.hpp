@@ -57,6 +57,14 @@ struct HostInner {
     }
     return T(total);
   }
+  /// Sum of a short range (a chunk) in T with vector lanes.
+  template <class T, class F>
+  KOKKOS_FORCEINLINE_FUNCTION T chunk_sum(std::int64_t n, const F& f) const {
+    T s = 0;
+    VPCE_SIMD_REDUCE(+, s)
+    for (std::int64_t j = 0; j < n; ++j) s += f(j);
+    return s;
+  }
   template <class F>
   KOKKOS_FORCEINLINE_FUNCTION void for_each(std::int64_t n, const F& f) const {
     VPCE_SIMD
@@ -185,45 +193,92 @@ struct KernelArgs {
   KOKKOS_INLINE_FUNCTION bool valid(std::int64_t i) const { return targets(i) != p.ignore_index; }
 };
 
-/// Local (m, s, t, a) of each row: a max loop over the raw logits (the transforms are increasing, so the
-/// max of x is the transformed max), the sum of x with label smoothing, then an exp loop over the same
-/// row (still in L1/L2). With `y` set (G == T), the exp loop also stores e_j = exp(x_j - m) there (the
-/// stash or gradient rows, possibly the logits' own buffer) and keeps m in `m_local`, so that Finalize
-/// only rescales: one exp per element.
+/// Columns per chunk of the host's one-pass statistics (2 KiB of floats: the chunk is in L1 for its exp loop).
+inline constexpr std::int64_t chunk_cols = 512;
+KOKKOS_INLINE_FUNCTION std::int64_t num_chunks(std::int64_t n) { return (n + chunk_cols - 1) / chunk_cols; }
+
+/// Local (m, s, t, a) of each row. The transforms are increasing, so the max of x is the transformed max
+/// of the raw logits.
+///
+/// On the host the row is read ONCE from memory, chunk by chunk (online softmax): a max loop over the
+/// chunk (in L1), then its exp loop against the running max, rescaling the running sum when the max
+/// grows. On a device: a max loop over the row, then an exp loop (threads across the row). With `y` set
+/// (G == T), the exp loop also stores e_j = exp(x_j - m_c) there (the stash or gradient rows, possibly the
+/// logits' own buffer), m_c being the running max when chunk c was stored, kept in `chunk_max(i, c)`, so
+/// that Finalize only rescales: one exp per element and one read of the logits.
 template <class S, class T, class MemSpace, bool Capped>
 struct LocalStats {
   KernelArgs<S, T, MemSpace> a;
   Kokkos::View<RowStats<T>*, MemSpace> out;
   T* y = nullptr;
   std::int64_t ld_y = 0;
-  Kokkos::View<T*, MemSpace> m_local;
+  Kokkos::View<T**, Kokkos::LayoutRight, MemSpace> chunk_max;  ///< N x num_chunks(n), with y only
   template <class Inner>
   KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t i) const {
     const S* x = a.x + i * a.ld_x;
+    T* yr = y == nullptr ? nullptr : y + i * ld_y;
     const Params<T>& p = a.p;
-    const T zmax = in.template max<T>(a.n, [&](std::int64_t j) { return to_compute(x[j]); });
-    const T m = p.template transform<Capped>(zmax);
     const std::int64_t c = a.local_target(i);
     const T t = c >= 0 ? p.template transform<Capped>(to_compute(x[c])) : T(0);  // before y (may alias x) is written
     T sum_x = 0;
     if (p.alpha > T(0))
       sum_x = in.template sum<T>(a.n, [&](std::int64_t j) { return p.template transform<Capped>(to_compute(x[j])); });
-    T s = 0;
-    if (y == nullptr) {
-      if (m != neg_inf<T>())
-        s = in.template sum<T>(
-            a.n, [&](std::int64_t j) { return fast_exp(p.template transform<Capped>(to_compute(x[j])) - m); });
+    in.barrier();
+    T zmax, m, s;
+    if constexpr (std::is_same_v<Inner, HostInner>) {
+      zmax = neg_inf<T>();
+      m = neg_inf<T>();
+      double acc = 0;
+      for (std::int64_t j0 = 0; j0 < a.n; j0 += chunk_cols) {
+        const std::int64_t len = j0 + chunk_cols < a.n ? chunk_cols : a.n - j0;
+        const S* xc = x + j0;
+        const T cz = in.template max<T>(len, [&](std::int64_t j) { return to_compute(xc[j]); });
+        if (cz > zmax) {
+          const T m_new = p.template transform<Capped>(cz);
+          acc = m == neg_inf<T>() ? 0.0 : acc * double(fast_exp(m - m_new));
+          m = m_new;
+          zmax = cz;
+        }
+        T cs = 0;
+        if (yr == nullptr) {
+          if (m != neg_inf<T>())
+            cs = in.template chunk_sum<T>(
+                len, [&](std::int64_t j) { return fast_exp(p.template transform<Capped>(to_compute(xc[j])) - m); });
+        } else {
+          T* yc = yr + j0;
+          if (m != neg_inf<T>()) {
+            cs = in.template chunk_sum<T>(len, [&](std::int64_t j) {
+              const T e = fast_exp(p.template transform<Capped>(to_compute(xc[j])) - m);
+              yc[j] = e;
+              return e;
+            });
+          } else {
+            in.for_each(len, [&](std::int64_t j) { yc[j] = T(0); });
+          }
+          chunk_max(i, j0 / chunk_cols) = m;
+        }
+        acc += double(cs);
+      }
+      s = T(acc);
     } else {
-      T* yr = y + i * ld_y;
-      in.barrier();
-      if (m != neg_inf<T>()) {
-        s = in.template sum<T>(a.n, [&](std::int64_t j) {
-          const T e = fast_exp(p.template transform<Capped>(to_compute(x[j])) - m);
-          yr[j] = e;
-          return e;
-        });
+      zmax = in.template max<T>(a.n, [&](std::int64_t j) { return to_compute(x[j]); });
+      m = p.template transform<Capped>(zmax);
+      s = 0;
+      if (yr == nullptr) {
+        if (m != neg_inf<T>())
+          s = in.template sum<T>(
+              a.n, [&](std::int64_t j) { return fast_exp(p.template transform<Capped>(to_compute(x[j])) - m); });
       } else {
-        in.for_each(a.n, [&](std::int64_t j) { yr[j] = T(0); });
+        if (m != neg_inf<T>()) {
+          s = in.template sum<T>(a.n, [&](std::int64_t j) {
+            const T e = fast_exp(p.template transform<Capped>(to_compute(x[j])) - m);
+            yr[j] = e;
+            return e;
+          });
+        } else {
+          in.for_each(a.n, [&](std::int64_t j) { yr[j] = T(0); });
+        }
+        in.for_each(num_chunks(a.n), [&](std::int64_t k) { chunk_max(i, k) = m; });
       }
     }
     // +inf in the row (even when the softcap makes it finite) is marked like NaN: s = NaN.
@@ -232,7 +287,6 @@ struct LocalStats {
       RowStats<T> r{m, s, t, sum_x};
       if (!(s == s)) r.m = 0;  // NaN or +inf in the row: keep m finite for the merge
       out(i) = r;
-      if (y != nullptr) m_local(i) = m;
     });
   }
 };
@@ -342,8 +396,8 @@ enum class Source { logits, stored_exp };
 /// The gradient row is (p_j (1 + 2 zeta lse) - alpha/V - (1 - alpha)[j == target]) * dx_j/dz_j * g_i
 /// (zero for an ignored row). The stash holds the same with g = 1 and without the target term, whose
 /// coefficient (1 - alpha) dx_c/dz_c goes to `stash_target`; backward() then needs only the stash.
-/// Source::stored_exp: the rows already hold exp(x - m_local) (LocalStats stored them; no softcap) and are
-/// rescaled; Source::logits: computed from the logits (may be the same buffer as y).
+/// Source::stored_exp: the rows already hold exp(x - m_c) per chunk c (LocalStats stored them; no
+/// softcap) and are rescaled by exp(m_c - lse); Source::logits: computed from the logits (may be the same buffer as y).
 template <class S, class T, class G, class MemSpace, Write What, Source From, bool Capped>
 struct Finalize {
   KernelArgs<S, T, MemSpace> a;
@@ -352,7 +406,7 @@ struct Finalize {
   G* y = nullptr;  ///< stash or gradient rows
   std::int64_t ld_y = 0;
   GradScale<T, MemSpace> g;
-  Kokkos::View<const T*, MemSpace> m_local;
+  Kokkos::View<const T**, Kokkos::LayoutRight, MemSpace> chunk_max;
   Kokkos::View<T*, MemSpace> stash_target;
   bool write_loss = true;
   template <class Inner>
@@ -375,8 +429,13 @@ struct Finalize {
       if (What == Write::grad && !valid) {
         in.for_each(a.n, [&](std::int64_t j) { yr[j] = G(T(0)); });
       } else if constexpr (From == Source::stored_exp) {
-        const T f = fast_exp(m_local(i) - l) * kp * p.scale, k0 = ka * p.scale;
-        in.for_each(a.n, [&](std::int64_t j) { yr[j] = G(T(yr[j]) * f - k0); });
+        const T k0 = ka * p.scale;
+        for (std::int64_t j0 = 0; j0 < a.n; j0 += chunk_cols) {
+          const std::int64_t len = j0 + chunk_cols < a.n ? chunk_cols : a.n - j0;
+          const T f = fast_exp(chunk_max(i, j0 / chunk_cols) - l) * kp * p.scale;
+          G* yc = yr + j0;
+          in.for_each(len, [&](std::int64_t j) { yc[j] = G(T(yc[j]) * f - k0); });
+        }
       } else {
         in.for_each(a.n, [&](std::int64_t j) {
           const T xj = p.template transform<Capped>(to_compute(x[j]));
