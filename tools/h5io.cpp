@@ -45,8 +45,10 @@ hid_t native_type() {
     return H5T_NATIVE_FLOAT;
   else if constexpr (std::is_same_v<T, double>)
     return H5T_NATIVE_DOUBLE;
+  else if constexpr (std::is_same_v<T, std::uint16_t>)
+    return H5T_NATIVE_UINT16;
   else {
-    static_assert(std::is_same_v<T, std::int64_t>, "float, double or int64 only");
+    static_assert(std::is_same_v<T, std::int64_t>, "float, double, uint16 or int64 only");
     return H5T_NATIVE_INT64;
   }
 }
@@ -57,6 +59,8 @@ hid_t file_type() {
     return H5T_IEEE_F32LE;
   else if constexpr (std::is_same_v<T, double>)
     return H5T_IEEE_F64LE;
+  else if constexpr (std::is_same_v<T, std::uint16_t>)
+    return H5T_STD_U16LE;
   else
     return H5T_STD_I64LE;
 }
@@ -214,6 +218,58 @@ DatasetInfo H5File::info(const std::string& name) const {
   return info;
 }
 
+AttributeInfo H5File::attribute(const std::string& dataset, const std::string& attr) const {
+  AttributeInfo a;
+  const htri_t exists = H5Aexists_by_name(m_file.get(), dataset.c_str(), attr.c_str(), H5P_DEFAULT);
+  H5Eclear2(H5E_DEFAULT);
+  if (exists <= 0) return a;
+  a.exists = true;
+  H5Handle at(H5Aopen_by_name(m_file.get(), dataset.c_str(), attr.c_str(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  H5Handle type(at.valid() ? H5Aget_type(at.get()) : H5I_INVALID_HID, H5Tclose);
+  H5Handle space(at.valid() ? H5Aget_space(at.get()) : H5I_INVALID_HID, H5Sclose);
+  if (!type.valid() || !space.valid()) {
+    H5Eclear2(H5E_DEFAULT);
+    a.type_name = "unreadable";
+    return a;
+  }
+  const H5T_class_t cls = H5Tget_class(type.get());
+  const hssize_t count = H5Sget_simple_extent_npoints(space.get());
+  if (cls != H5T_STRING || count != 1) {
+    const std::string bits = std::to_string(8 * H5Tget_size(type.get()));
+    a.type_name = cls == H5T_STRING    ? "an array of " + std::to_string(count) + " strings"
+                  : cls == H5T_INTEGER ? (H5Tget_sign(type.get()) == H5T_SGN_NONE ? "uint" : "int") + bits
+                  : cls == H5T_FLOAT   ? "float" + bits
+                                       : "not a string";
+    H5Eclear2(H5E_DEFAULT);
+    return a;
+  }
+  // h5py writes Python strings as variable-length UTF-8, numpy bytes as fixed-length: read either.
+  H5Handle mem(H5Tcopy(H5T_C_S1), H5Tclose);
+  herr_t rc = mem.valid() ? H5Tset_cset(mem.get(), H5Tget_cset(type.get())) : -1;
+  if (H5Tis_variable_str(type.get()) > 0) {
+    char* text = nullptr;
+    if (rc >= 0) rc = H5Tset_size(mem.get(), H5T_VARIABLE);
+    if (rc >= 0) rc = H5Aread(at.get(), mem.get(), &text);
+    if (rc >= 0 && text) a.value = text;
+    if (text) H5free_memory(text);
+  } else {
+    const std::size_t size = H5Tget_size(type.get());
+    std::string buf(size + 1, '\0');
+    if (rc >= 0) rc = H5Tset_size(mem.get(), size + 1);
+    if (rc >= 0) rc = H5Tset_strpad(mem.get(), H5T_STR_NULLTERM);
+    if (rc >= 0) rc = H5Aread(at.get(), mem.get(), buf.data());
+    if (rc >= 0) a.value = buf.c_str();
+  }
+  H5Eclear2(H5E_DEFAULT);
+  if (rc < 0) {
+    a.type_name = "an unreadable string";
+    return a;
+  }
+  while (!a.value.empty() && a.value.back() == ' ') a.value.pop_back();  // space-padded fixed-length strings
+  a.is_string = true;
+  return a;
+}
+
 template <class T>
 void H5File::transfer_columns(bool write, const std::string& name, std::int64_t n_rows, std::int64_t col_begin,
                               std::int64_t col_count, std::int64_t max_col_count, T* buf) const {
@@ -283,6 +339,10 @@ void H5File::read_all(const std::string& name, std::int64_t n, T* buf) const {
 
 template <class T>
 void H5File::create_dataset(const std::string& name, const std::vector<std::int64_t>& dims) {
+  create_dataset(name, dims, file_type<T>());
+}
+
+void H5File::create_dataset(const std::string& name, const std::vector<std::int64_t>& dims, hid_t file_type) {
   std::string err;
   std::vector<hsize_t> d(dims.begin(), dims.end());
   H5Handle space(H5Screate_simple(static_cast<int>(d.size()), d.data(), nullptr), H5Sclose);
@@ -292,9 +352,8 @@ void H5File::create_dataset(const std::string& name, const std::vector<std::int6
     err = with_detail("vpce: " + m_display + ": cannot describe dataset " + name);
   }
   if (err.empty()) {
-    H5Handle dset(
-        H5Dcreate2(m_file.get(), name.c_str(), file_type<T>(), space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
-        H5Dclose);
+    H5Handle dset(H5Dcreate2(m_file.get(), name.c_str(), file_type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+                  H5Dclose);
     if (!dset.valid()) err = with_detail("vpce: " + m_display + ": cannot create dataset " + name);
   }
   agree(m_comm, err);
@@ -320,7 +379,7 @@ void H5File::write_all(const std::string& name, std::int64_t n, const T* buf, in
   agree(m_comm, err);
 }
 
-void H5File::write_attribute(const std::string& name, const std::string& value) {
+void H5File::write_attribute(const std::string& name, const std::string& value, const std::string& object) {
   std::string err;
   H5Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
   H5Handle space(H5Screate(H5S_SCALAR), H5Sclose);
@@ -328,10 +387,14 @@ void H5File::write_attribute(const std::string& name, const std::string& value) 
   if (rc >= 0) rc = H5Tset_size(type.get(), std::max<std::size_t>(1, value.size()));
   if (rc >= 0) rc = H5Tset_strpad(type.get(), H5T_STR_NULLPAD);
   if (rc >= 0) {
-    H5Handle attr(H5Acreate2(m_file.get(), name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+    H5Handle attr(H5Acreate_by_name(m_file.get(), object.c_str(), name.c_str(), type.get(), space.get(), H5P_DEFAULT,
+                                    H5P_DEFAULT, H5P_DEFAULT),
+                  H5Aclose);
     rc = attr.valid() ? H5Awrite(attr.get(), type.get(), value.empty() ? "" : value.data()) : -1;
   }
-  if (rc < 0) err = with_detail("vpce: " + m_display + ": cannot write attribute " + name);
+  if (rc < 0)
+    err = with_detail("vpce: " + m_display + ": cannot write attribute " + name +
+                      (object == "/" ? std::string() : " of " + object));
   agree(m_comm, err);
 }
 
@@ -346,6 +409,10 @@ template void H5File::read_columns<float>(const std::string&, std::int64_t, std:
                                           float*) const;
 template void H5File::read_columns<double>(const std::string&, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
                                            double*) const;
+template void H5File::read_columns<std::uint16_t>(const std::string&, std::int64_t, std::int64_t, std::int64_t,
+                                                  std::int64_t, std::uint16_t*) const;
+template void H5File::write_columns<std::uint16_t>(const std::string&, std::int64_t, std::int64_t, std::int64_t,
+                                                   std::int64_t, const std::uint16_t*);
 template void H5File::write_columns<float>(const std::string&, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
                                            const float*);
 template void H5File::write_columns<double>(const std::string&, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
@@ -355,6 +422,7 @@ template void H5File::read_all<float>(const std::string&, std::int64_t, float*) 
 template void H5File::read_all<double>(const std::string&, std::int64_t, double*) const;
 template void H5File::create_dataset<float>(const std::string&, const std::vector<std::int64_t>&);
 template void H5File::create_dataset<double>(const std::string&, const std::vector<std::int64_t>&);
+template void H5File::create_dataset<std::uint16_t>(const std::string&, const std::vector<std::int64_t>&);
 template void H5File::write_all<float>(const std::string&, std::int64_t, const float*, int);
 template void H5File::write_all<double>(const std::string&, std::int64_t, const double*, int);
 

@@ -58,6 +58,14 @@ struct DatasetInfo {
   std::string type_name;      ///< float32, float64, int64, uint8, string, ...
 };
 
+/// A string attribute of a dataset, read from the file's metadata (not collective).
+struct AttributeInfo {
+  bool exists = false;
+  bool is_string = false;  ///< fixed- or variable-length string (then `value` holds it, padding removed)
+  std::string value;
+  std::string type_name;  ///< what it is when not a string (e.g. "int64")
+};
+
 /// Human-readable shape, "7 x 23".
 std::string shape_string(const std::vector<std::int64_t>& dims);
 
@@ -75,10 +83,13 @@ class H5File {
 
   /// Metadata of a dataset by absolute name ("/logits"); not collective.
   DatasetInfo info(const std::string& name) const;
+  /// The attribute `attr` of the existing dataset `dataset`; not collective.
+  AttributeInfo attribute(const std::string& dataset, const std::string& attr) const;
 
   /// Reads rows [0, n_rows) and columns [col_begin, col_begin + col_count) of the 2-D dataset `name` into
   /// `buf` (row-major, n_rows x col_count); `max_col_count` is the largest col_count over the ranks (it sets
-  /// the number of collective transfers, which must be the same everywhere). T: float or double.
+  /// the number of collective transfers, which must be the same everywhere). T: float, double or std::uint16_t
+  /// (HDF5 converts from the file's type and byte order).
   template <class T>
   void read_columns(const std::string& name, std::int64_t n_rows, std::int64_t col_begin, std::int64_t col_count,
                     std::int64_t max_col_count, T* buf) const;
@@ -86,18 +97,24 @@ class H5File {
   template <class T>
   void read_all(const std::string& name, std::int64_t n, T* buf) const;
 
-  /// Creates a dataset of T (float/double) with the given shape (contiguous, no fill).
+  /// Creates a dataset of T (float/double/std::uint16_t, little-endian in the file) with the given shape
+  /// (contiguous, no fill).
   template <class T>
   void create_dataset(const std::string& name, const std::vector<std::int64_t>& dims);
+  /// The same with an explicit file type (e.g. H5T_IEEE_F32LE for a float32 dataset written from doubles:
+  /// HDF5 converts on the way out).
+  void create_dataset(const std::string& name, const std::vector<std::int64_t>& dims, hid_t file_type);
   /// Writes the 1-D dataset `name` (n entries) from `buf`, which only `writer_rank` needs to hold.
   template <class T>
   void write_all(const std::string& name, std::int64_t n, const T* buf, int writer_rank);
-  /// Writes this rank's columns of the 2-D dataset `name`; arguments as in read_columns.
+  /// Writes this rank's columns of the 2-D dataset `name`; arguments as in read_columns (T converted to the
+  /// dataset's type).
   template <class T>
   void write_columns(const std::string& name, std::int64_t n_rows, std::int64_t col_begin, std::int64_t col_count,
                      std::int64_t max_col_count, const T* buf);
-  /// A string attribute on the root group (the same value on every rank).
-  void write_attribute(const std::string& name, const std::string& value);
+  /// A string attribute on the root group, or on the object `object` (e.g. a dataset, "/grad_logits"); the
+  /// same value on every rank.
+  void write_attribute(const std::string& name, const std::string& value, const std::string& object = "/");
 
   /// Closes the file on every rank and checks that it closed everywhere (data flushed).
   void close();

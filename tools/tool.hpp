@@ -33,6 +33,8 @@ class Args {
   std::string get(const std::string& name, const std::string& fallback = {}) const;
   /// An integer option in [min, max].
   std::int64_t get_int(const std::string& name, std::int64_t fallback, std::int64_t min, std::int64_t max) const;
+  /// A real-number option (any form strtod reads, whole); `fallback` when absent.
+  double get_double(const std::string& name, double fallback) const;
   /// An option restricted to a set of words.
   std::string get_choice(const std::string& name, const std::string& fallback,
                          const std::vector<std::string>& choices) const;

@@ -9,15 +9,19 @@
 #include <unistd.h>
 
 #include <Kokkos_Core.hpp>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "h5io.hpp"
@@ -47,16 +51,43 @@ const char* const program_help =
 const char* const loss_help =
     "Usage: mpirun -n W vpce loss --input IN.h5 --output OUT.h5 [--grad] [OPTIONS]\n"
     "\n"
-    "Reads /logits (N x V, float32 or float64) and /targets (N, int64; other integer types are converted) from\n"
-    "IN.h5 with parallel HDF5, each rank only its own columns of the logits, and writes /loss (N, the logits'\n"
-    "type) and, with --grad, /grad_logits (N x V): the gradient of the SUM of the per-token losses. OUT.h5 is\n"
-    "written under a temporary name in the same folder and renamed when complete; on an error it is not created\n"
-    "(an existing one is left as it was).\n"
+    "Reads /logits (N x V) and /targets (N, int64; other integer types are converted) from IN.h5 with parallel\n"
+    "HDF5, each rank only its own columns of the logits. /logits is float32, float64, or 16-bit: uint16 bit\n"
+    "patterns with a string attribute dtype = \"bfloat16\" or \"float16\" (computed in float32). Writes OUT.h5:\n"
+    "  /loss         --reduction none: N per-token losses (0 for ignored tokens); sum or mean: 1 value, the\n"
+    "                reduced loss. float64 for float64 logits, else float32\n"
+    "  /grad_logits  with --grad, N x V: the gradient of the sum of the per-token losses (none), or of the\n"
+    "                reduced loss (sum, mean); its type: see --grad-dtype\n"
+    "  /lse          with --lse, N: each row's log-sum-exp over the whole vocabulary (of the transformed\n"
+    "                logits), in /loss's type\n"
+    "OUT.h5 is written under a temporary name in the same folder and renamed when complete; on an error it is\n"
+    "not created (an existing one is left as it was).\n"
+    "\n"
+    "Per token, with z its logits, x = S * z, then x = C * tanh(x / C) if C > 0 (a -inf logit stays -inf),\n"
+    "lse = log(sum_j exp(x_j)) over the whole vocabulary, t the target:\n"
+    "  loss = lse - (1 - A) * x_t - A * mean_j(x_j) + Z * lse^2        (0 if t is the ignore index)\n"
+    "  d/dz_j = (softmax_j * (1 + 2 Z lse) - (1 - A) [j = t] - A / V) * dx_j/dz_j    (0 if ignored)\n"
+    "with A, Z, S, C the values of --label-smoothing, --z-loss, --logit-scale, --softcap; the gradient is\n"
+    "divided by the number of tokens not ignored for --reduction mean. The same for any number of ranks,\n"
+    "partition, strategy and mode.\n"
     "\n"
     "Options:\n"
     "  --input FILE          input HDF5 file (required)\n"
     "  --output FILE         output HDF5 file (required)\n"
     "  --grad                also write /grad_logits\n"
+    "  --grad-dtype D        /grad_logits' type (with --grad): float32 | logits: the logits' own type (16-bit\n"
+    "                        logits: uint16 bits with the same dtype attribute). Default: float32, float64 for\n"
+    "                        float64 logits (a float64 gradient written as float32 is rounded on the way)\n"
+    "  --lse                 also write /lse\n"
+    "  --reduction R         none (default) | sum: the sum of the per-token losses | mean: that sum divided by\n"
+    "                        the number of tokens not ignored (loss and gradient 0 if every token is ignored)\n"
+    "  --ignore-index I      tokens whose target is I get loss 0 and a zero gradient row and do not count in\n"
+    "                        the mean; default -100 (PyTorch's). Other targets must be in [0, V)\n"
+    "  --label-smoothing A   A in [0, 1], default 0: the target distribution is (1 - A) * one-hot + A / V over\n"
+    "                        the whole vocabulary (PyTorch's meaning)\n"
+    "  --z-loss Z            Z >= 0, default 0: adds Z * lse^2 to each token's loss (PaLM's z-loss)\n"
+    "  --logit-scale S       S > 0, default 1: the logits are multiplied by S first\n"
+    "  --softcap C           C >= 0, default 0 (off): soft-capping x = C * tanh(x / C) after the scale (Gemma's)\n"
     "  --strategy S          fused (one all-reduce, default) | seed (Megatron-LM's three all-reduces)\n"
     "  --mode M              fused: loss and gradient in one call (default) | stash: forward keeps the softmax,\n"
     "                        then backward | recompute: forward keeps log-sum-exp, backward recomputes\n"
@@ -156,6 +187,18 @@ std::int64_t Args::get_int(const std::string& name, std::int64_t fallback, std::
   return x;
 }
 
+double Args::get_double(const std::string& name, double fallback) const {
+  if (!has(name)) return fallback;
+  const std::string v = get(name);
+  errno = 0;
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  if (end == v.c_str() || *end != '\0' || std::isspace(static_cast<unsigned char>(v[0])))
+    usage_error("--" + name + " " + v + ": not a number");
+  if (errno == ERANGE && std::isinf(x)) usage_error("--" + name + " " + v + ": out of range");
+  return x;
+}
+
 std::string Args::get_choice(const std::string& name, const std::string& fallback,
                              const std::vector<std::string>& choices) const {
   const std::string v = get(name, fallback);
@@ -223,11 +266,17 @@ namespace {
 struct LossConfig {
   std::string input, output;
   bool grad = false;
+  bool lse = false;
   Strategy strategy = Strategy::fused;
   std::string mode = "fused";  // fused | stash | recompute
+  std::string grad_dtype;      // "" (the compute type) | float32 | logits
   bool quiet = false;
   bool have_partition = false;
   std::vector<std::int64_t> partition;
+  // The library's training options (vpce::Options).
+  std::int64_t ignore_index = -100;
+  Reduction reduction = Reduction::none;
+  double label_smoothing = 0, z_loss = 0, logit_scale = 1, softcap = 0;
 };
 
 std::vector<std::int64_t> parse_partition(const Args& args, const std::string& text) {
@@ -246,39 +295,98 @@ std::vector<std::int64_t> parse_partition(const Args& args, const std::string& t
   return sizes;
 }
 
-template <class T>
+/// Shortest text that reads back as the same double ("0.1", "1e-05").
+std::string number_text(double x) {
+  for (int prec = 1; prec <= 17; ++prec) {
+    std::ostringstream s;
+    s.precision(prec);
+    s << x;
+    if (std::strtod(s.str().c_str(), nullptr) == x) return s.str();
+  }
+  return std::to_string(x);
+}
+
+/// The name of a logits element type in messages and attributes.
+template <class S>
+const char* dtype_name() {
+  if constexpr (std::is_same_v<S, float>)
+    return "float32";
+  else if constexpr (std::is_same_v<S, double>)
+    return "float64";
+  else if constexpr (std::is_same_v<S, bfloat16>)
+    return "bfloat16";
+  else
+    return "float16";
+}
+
+template <class S>
+hid_t little_endian_type() {
+  if constexpr (std::is_same_v<S, float>)
+    return H5T_IEEE_F32LE;
+  else if constexpr (std::is_same_v<S, double>)
+    return H5T_IEEE_F64LE;
+  else
+    return H5T_STD_U16LE;  // 16-bit logits and gradients: their bits, tagged with a dtype attribute
+}
+
+/// Scalar: the logits' type (float, double, bfloat16, float16). Loss and lse are in its compute type; the
+/// gradient is computed in the compute type or, for 16-bit logits with --grad-dtype logits, in Scalar.
+template <class Scalar>
 void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, std::int64_t n, std::int64_t v,
               const VocabPartition& part) {
-  using CE = CrossEntropy<T>;
+  using CE = CrossEntropy<Scalar>;
+  using T = typename CE::compute_type;
   using mem = typename CE::memory_space;
+  constexpr bool half = is_16bit_v<Scalar>;
+  // The element read from and written to the file: the 16-bit types as their bits.
+  using FileElem = std::conditional_t<half, std::uint16_t, Scalar>;
+  static_assert(sizeof(FileElem) == sizeof(Scalar) && std::is_trivially_copyable_v<Scalar>);
   const std::int64_t vl = part.local_size();
   std::int64_t max_vl = 0;
   for (int r = 0; r < comm.size(); ++r) max_vl = std::max(max_vl, part.local_size(r));
+  const bool reduced = cfg.reduction != Reduction::none;
+  // The gradient in the logits' own 16-bit type, or in the compute type (written converted to float32 if asked).
+  const bool grad_in_storage = half && cfg.grad_dtype == "logits";
+  const bool grad_as_float32 = !std::is_same_v<T, float> && cfg.grad_dtype == "float32";
+  // One call computing the loss and the gradient into the logits' own buffer (the library allows it): the
+  // gradient's element type must be the logits' one.
+  const bool in_place = cfg.grad && cfg.mode == "fused" && (std::is_same_v<Scalar, T> || grad_in_storage);
 
-  Kokkos::View<T**, Kokkos::LayoutRight, mem> logits;
+  using Matrix = Kokkos::View<Scalar**, Kokkos::LayoutRight, mem>;
+  using GradMatrix = Kokkos::View<T**, Kokkos::LayoutRight, mem>;
+  Matrix logits, grad_s;  // grad_s: the gradient in Scalar (16-bit, or in place)
+  GradMatrix grad_t;      // the gradient in the compute type
   Kokkos::View<std::int64_t*, mem> targets;
-  Kokkos::View<T*, mem> loss;
-  Kokkos::View<T**, Kokkos::LayoutRight, mem> grad;
+  Kokkos::View<T*, mem> loss, lse;
+  auto alloc = [](const char* label) { return Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)); };
   collectively(comm, [&] {
-    logits = decltype(logits)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "vpce::tool::logits"), n, vl);
-    targets = decltype(targets)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "vpce::tool::targets"), n);
-    loss = decltype(loss)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "vpce::tool::loss"), n);
-    if (cfg.grad) grad = decltype(grad)(Kokkos::view_alloc(Kokkos::WithoutInitializing, "vpce::tool::grad"), n, vl);
+    logits = Matrix(alloc("vpce::tool::logits"), n, vl);
+    targets = decltype(targets)(alloc("vpce::tool::targets"), n);
+    loss = decltype(loss)(alloc("vpce::tool::loss"), n);
+    if (cfg.lse) lse = decltype(lse)(alloc("vpce::tool::lse"), n);
+    if (cfg.grad && in_place) {
+      grad_s = logits;
+    } else if (cfg.grad && grad_in_storage) {
+      grad_s = Matrix(alloc("vpce::tool::grad"), n, vl);
+    } else if (cfg.grad) {
+      grad_t = GradMatrix(alloc("vpce::tool::grad"), n, vl);
+    }
   });
 
   // Read: this rank's columns of the logits, all the targets. (Host mirrors are the Views themselves on CPUs.)
   {
     auto h_logits = Kokkos::create_mirror_view(logits);
     auto h_targets = Kokkos::create_mirror_view(targets);
-    in.read_columns<T>("/logits", n, part.begin(), vl, max_vl, h_logits.data());
+    in.read_columns<FileElem>("/logits", n, part.begin(), vl, max_vl, reinterpret_cast<FileElem*>(h_logits.data()));
     in.read_all<std::int64_t>("/targets", n, h_targets.data());
     in.close();
     std::string err;
     for (std::int64_t i = 0; i < n && err.empty(); ++i) {
       const std::int64_t t = h_targets(i);
-      if (t < 0 || t >= v)
+      if ((t < 0 || t >= v) && t != cfg.ignore_index)
         err = "vpce: " + cfg.input + ": dataset /targets: entry " + std::to_string(i) + " is " + std::to_string(t) +
-              ", outside the vocabulary [0, " + std::to_string(v) + ")";
+              ", outside the vocabulary [0, " + std::to_string(v) + ") and not the --ignore-index (" +
+              std::to_string(cfg.ignore_index) + ")";
     }
     agree(comm, err);
     Kokkos::deep_copy(logits, h_logits);
@@ -286,32 +394,56 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, std::
   }
 
   // Compute. Library errors (NaN logits, ...) are the same on every rank; name the input file in them.
+  double reduced_loss = 0;
+  std::int64_t n_valid = 0;
   collectively(comm, [&] {
     try {
       Options opt;
       opt.strategy = cfg.strategy;
       opt.mode = cfg.mode == "stash" ? Mode::stash_softmax : Mode::recompute;
+      opt.ignore_index = cfg.ignore_index;
+      opt.reduction = cfg.reduction;
+      opt.label_smoothing = cfg.label_smoothing;
+      opt.z_loss = cfg.z_loss;
+      opt.logit_scale = cfg.logit_scale;
+      opt.softcap = cfg.softcap;
       CE ce(comm, part, opt);
-      if (cfg.grad && cfg.mode == "fused") {
-        ce.loss_and_grad(logits, targets, loss, grad, T(1));
+      // grad_scale 1: the gradient of the sum of the per-token losses (none), of the sum (sum) or of the mean
+      // (mean: the library divides by the number of non-ignored tokens).
+      auto compute = [&](const auto& grad) {
+        if (cfg.grad && cfg.mode == "fused") {
+          ce.loss_and_grad(logits, targets, loss, grad, T(1));
+        } else {
+          ce.forward(logits, targets, loss);
+          if (cfg.grad) ce.backward(T(1), grad);
+        }
+      };
+      if constexpr (half) {
+        if (grad_s.data() != nullptr)
+          compute(grad_s);  // grad_storage_view: the logits' own type
+        else
+          compute(grad_t);
       } else {
-        ce.forward(logits, targets, loss);
-        if (cfg.grad) ce.backward(T(1), grad);
+        compute(grad_s.data() != nullptr ? grad_s : grad_t);  // the same View type here
       }
+      if (cfg.lse) Kokkos::deep_copy(lse, ce.lse());
+      reduced_loss = ce.reduced_loss();
+      n_valid = ce.num_valid();
       Kokkos::fence();
     } catch (const std::exception& e) {
       throw Error("vpce: " + cfg.input + ": " + strip_prefix(clean_message(e.what())));
     }
   });
-  logits = decltype(logits)();  // free before writing
+  if (!in_place) logits = Matrix();  // free before writing
 
   auto h_loss = Kokkos::create_mirror_view(loss);
   Kokkos::deep_copy(h_loss, loss);
-  decltype(Kokkos::create_mirror_view(grad)) h_grad;
-  if (cfg.grad) {
-    h_grad = Kokkos::create_mirror_view(grad);
-    Kokkos::deep_copy(h_grad, grad);
-  }
+  auto h_lse = Kokkos::create_mirror_view(lse);
+  Kokkos::deep_copy(h_lse, lse);
+  auto h_grad_s = Kokkos::create_mirror_view(grad_s);
+  Kokkos::deep_copy(h_grad_s, grad_s);
+  auto h_grad_t = Kokkos::create_mirror_view(grad_t);
+  Kokkos::deep_copy(h_grad_t, grad_t);
 
   // Write under a temporary name; rename when every rank has closed it.
   long long pid = ::getpid();
@@ -319,15 +451,41 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, std::
   const std::string tmp = cfg.output + ".tmp." + std::to_string(pid);
   try {
     H5File out = H5File::create(tmp, comm, cfg.output);
-    out.create_dataset<T>("/loss", {n});
-    if (cfg.grad) out.create_dataset<T>("/grad_logits", {n, v});
+    out.create_dataset("/loss", {reduced ? 1 : n}, little_endian_type<T>());
+    if (cfg.grad) {
+      const hid_t type = grad_in_storage   ? little_endian_type<Scalar>()
+                         : grad_as_float32 ? H5T_IEEE_F32LE
+                                           : little_endian_type<T>();
+      out.create_dataset("/grad_logits", {n, v}, type);
+      if (grad_in_storage) out.write_attribute("dtype", dtype_name<Scalar>(), "/grad_logits");
+    }
+    if (cfg.lse) out.create_dataset("/lse", {n}, little_endian_type<T>());
     out.write_attribute("vpce_version", VPCE_VERSION_STRING);
     out.write_attribute("input", cfg.input);
+    out.write_attribute("logits_dtype", dtype_name<Scalar>());
     out.write_attribute("strategy", to_string(cfg.strategy));
     out.write_attribute("mode", cfg.grad ? cfg.mode : std::string("forward"));
     out.write_attribute("ranks", std::to_string(comm.size()));
-    out.write_all<T>("/loss", n, h_loss.data(), 0);
-    if (cfg.grad) out.write_columns<T>("/grad_logits", n, part.begin(), vl, max_vl, h_grad.data());
+    out.write_attribute("reduction", to_string(cfg.reduction));
+    out.write_attribute("ignore_index", std::to_string(cfg.ignore_index));
+    out.write_attribute("label_smoothing", number_text(cfg.label_smoothing));
+    out.write_attribute("z_loss", number_text(cfg.z_loss));
+    out.write_attribute("logit_scale", number_text(cfg.logit_scale));
+    out.write_attribute("softcap", number_text(cfg.softcap));
+    out.write_attribute("num_valid", std::to_string(n_valid));
+    if (reduced) {
+      const T value = T(reduced_loss);
+      out.write_all<T>("/loss", 1, &value, 0);
+    } else {
+      out.write_all<T>("/loss", n, h_loss.data(), 0);
+    }
+    if (cfg.lse) out.write_all<T>("/lse", n, h_lse.data(), 0);
+    if (cfg.grad && h_grad_s.data() != nullptr) {
+      out.write_columns<FileElem>("/grad_logits", n, part.begin(), vl, max_vl,
+                                  reinterpret_cast<const FileElem*>(h_grad_s.data()));
+    } else if (cfg.grad) {
+      out.write_columns<T>("/grad_logits", n, part.begin(), vl, max_vl, h_grad_t.data());
+    }
     out.close();
     std::string err;
     if (comm.rank() == 0 && std::rename(tmp.c_str(), cfg.output.c_str()) != 0)
@@ -341,16 +499,51 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, std::
   }
 
   if (!cfg.quiet) {
-    double sum = 0;
-    for (std::int64_t i = 0; i < n; ++i) sum += double(h_loss(i));
     std::ostringstream msg;
     msg.precision(6);
-    msg << cfg.output << ": " << n << " tokens x " << v << " vocabulary (" << (sizeof(T) == 4 ? "float32" : "float64")
-        << ", " << comm.size() << " rank" << (comm.size() > 1 ? "s" : "") << ", strategy " << to_string(cfg.strategy)
-        << ", " << (cfg.grad ? "mode " + cfg.mode : std::string("loss only")) << "): mean loss "
-        << (n > 0 ? sum / double(n) : 0.0) << "\n";
+    msg << cfg.output << ": " << n << " tokens x " << v << " vocabulary (" << dtype_name<Scalar>() << ", "
+        << comm.size() << " rank" << (comm.size() > 1 ? "s" : "") << ", strategy " << to_string(cfg.strategy) << ", "
+        << (cfg.grad ? "mode " + cfg.mode : std::string("loss only")) << "): ";
+    if (cfg.reduction == Reduction::none)
+      msg << "mean loss " << (n_valid > 0 ? reduced_loss / double(n_valid) : 0.0);
+    else
+      msg << to_string(cfg.reduction) << " of the losses " << reduced_loss;
+    if (n_valid != n) msg << " (" << n_valid << " tokens not ignored)";
+    msg << "\n";
     print0(comm, msg.str());
   }
+}
+
+/// What /logits holds; an empty string in `err` if it is usable.
+enum class LogitsType { float32, float64, bfloat16, float16 };
+
+LogitsType logits_type(const H5File& in, const DatasetInfo& li, std::string* err) {
+  const std::string file = in.display_name();
+  const std::string expected =
+      "expected float32 or float64, or uint16 bits with a string attribute dtype = \"bfloat16\" or \"float16\"";
+  if (li.kind == DatasetInfo::Kind::floating && li.type_size == 4) return LogitsType::float32;
+  if (li.kind == DatasetInfo::Kind::floating && li.type_size == 8) return LogitsType::float64;
+  if (li.type_name != "uint16") {
+    *err = "vpce: " + file + ": dataset /logits has type " + li.type_name + "; " + expected;
+    return LogitsType::float32;
+  }
+  const AttributeInfo a = in.attribute("/logits", "dtype");
+  if (!a.exists) {
+    *err = "vpce: " + file +
+           ": dataset /logits is uint16 but has no attribute dtype; expected dtype = \"bfloat16\" "
+           "or \"float16\" (16-bit logits), or float32 or float64 logits";
+  } else if (!a.is_string) {
+    *err = "vpce: " + file + ": dataset /logits (uint16): attribute dtype is " + a.type_name +
+           ", not a string; expected \"bfloat16\" or \"float16\"";
+  } else if (a.value == "bfloat16") {
+    return LogitsType::bfloat16;
+  } else if (a.value == "float16") {
+    return LogitsType::float16;
+  } else {
+    *err = "vpce: " + file + ": dataset /logits (uint16): attribute dtype is \"" + a.value +
+           "\"; expected \"bfloat16\" or \"float16\"";
+  }
+  return LogitsType::float32;
 }
 
 int cmd_loss(const Communicator& comm, const std::vector<std::string>& argv) {
@@ -358,9 +551,17 @@ int cmd_loss(const Communicator& comm, const std::vector<std::string>& argv) {
             {{"input", true},
              {"output", true},
              {"grad", false},
+             {"grad-dtype", true},
+             {"lse", false},
              {"strategy", true},
              {"mode", true},
              {"partition", true},
+             {"ignore-index", true},
+             {"reduction", true},
+             {"label-smoothing", true},
+             {"z-loss", true},
+             {"logit-scale", true},
+             {"softcap", true},
              {"quiet", false}},
             argv);
   if (args.help()) {
@@ -371,9 +572,32 @@ int cmd_loss(const Communicator& comm, const std::vector<std::string>& argv) {
   cfg.input = args.required("input");
   cfg.output = args.required("output");
   cfg.grad = args.has("grad");
+  cfg.lse = args.has("lse");
   cfg.strategy = args.get_choice("strategy", "fused", {"fused", "seed"}) == "seed" ? Strategy::seed : Strategy::fused;
   cfg.mode = args.get_choice("mode", "fused", {"fused", "stash", "recompute"});
+  if (args.has("grad-dtype")) {
+    cfg.grad_dtype = args.get_choice("grad-dtype", "", {"float32", "logits"});
+    if (!cfg.grad) args.usage_error("--grad-dtype " + cfg.grad_dtype + " needs --grad");
+  }
   cfg.quiet = args.has("quiet");
+  cfg.ignore_index = args.get_int("ignore-index", -100, std::numeric_limits<std::int64_t>::min(),
+                                  std::numeric_limits<std::int64_t>::max());
+  const std::string reduction = args.get_choice("reduction", "none", {"none", "sum", "mean"});
+  cfg.reduction = reduction == "sum" ? Reduction::sum : reduction == "mean" ? Reduction::mean : Reduction::none;
+  // The library checks these too (vpce::Error on every rank); here they are command-line errors.
+  auto real = [&](const char* name, double fallback, bool ok(double), const char* want) {
+    const double x = args.get_double(name, fallback);
+    if (!ok(x)) args.usage_error(std::string("--") + name + " " + args.get(name) + ": must be " + want);
+    return x;
+  };
+  cfg.label_smoothing = real(
+      "label-smoothing", 0, [](double x) { return x >= 0 && x <= 1; }, "in [0, 1]");
+  cfg.z_loss = real(
+      "z-loss", 0, [](double x) { return std::isfinite(x) && x >= 0; }, "a finite number >= 0");
+  cfg.logit_scale = real(
+      "logit-scale", 1, [](double x) { return std::isfinite(x) && x > 0; }, "a finite number > 0");
+  cfg.softcap = real(
+      "softcap", 0, [](double x) { return std::isfinite(x) && x >= 0; }, "a finite number >= 0 (0: off)");
   if (args.has("partition")) {
     cfg.have_partition = true;
     cfg.partition = parse_partition(args, args.get("partition"));
@@ -393,12 +617,12 @@ int cmd_loss(const Communicator& comm, const std::vector<std::string>& argv) {
   auto check = [&](bool bad, const std::string& what) {
     if (err.empty() && bad) err = "vpce: " + file + ": " + what;
   };
-  check(!li.exists, "no dataset /logits (expected N x V float32 or float64 logits)");
+  check(!li.exists, "no dataset /logits (expected N x V float32, float64 or 16-bit logits)");
   check(li.exists && li.type_name == "not a dataset", "/logits is not a dataset");
   check(li.dims.size() != 2,
         "dataset /logits " + shape_phrase(li.dims) + "; expected 2 dimensions (tokens x vocabulary)");
-  check(li.kind != DatasetInfo::Kind::floating || (li.type_size != 4 && li.type_size != 8),
-        "dataset /logits has type " + li.type_name + "; expected float32 or float64");
+  LogitsType type = LogitsType::float32;
+  if (err.empty()) type = logits_type(in, li, &err);
   check(li.dims.size() == 2 && li.dims[1] == 0, "dataset /logits has 0 columns; the vocabulary must not be empty");
   check(!ti.exists, "no dataset /targets (expected N int64 target ids)");
   check(ti.exists && ti.type_name == "not a dataset", "/targets is not a dataset");
@@ -421,10 +645,20 @@ int cmd_loss(const Communicator& comm, const std::vector<std::string>& argv) {
   const VocabPartition part =
       cfg.have_partition ? VocabPartition::from_sizes(cfg.partition, comm, v) : VocabPartition::even(v, comm);
 
-  if (li.type_size == 4)
-    run_loss<float>(comm, cfg, in, n, v, part);
-  else
-    run_loss<double>(comm, cfg, in, n, v, part);
+  switch (type) {
+    case LogitsType::float32:
+      run_loss<float>(comm, cfg, in, n, v, part);
+      break;
+    case LogitsType::float64:
+      run_loss<double>(comm, cfg, in, n, v, part);
+      break;
+    case LogitsType::bfloat16:
+      run_loss<bfloat16>(comm, cfg, in, n, v, part);
+      break;
+    case LogitsType::float16:
+      run_loss<float16>(comm, cfg, in, n, v, part);
+      break;
+  }
   return 0;
 }
 

@@ -4,6 +4,10 @@
 Suites:
   loss      small HDF5 inputs (float32, float64), `vpce loss` with every strategy and mode, even and uneven
             partitions (some with 0 columns on a rank), checked against a numpy float64 reference
+  options   the training options (--ignore-index, --reduction, --label-smoothing, --z-loss, --logit-scale,
+            --softcap), alone and combined, for every strategy and mode (all of them at 2 ranks), --lse,
+            --grad-dtype, bfloat16/float16 logits, all-ignored batches, against a numpy float64 reference of
+            DESIGN.md section 1 (reference_options); uneven partitions at 2 and 3 ranks
   errors    bad arguments and bad files: non-zero exit on every rank, one `vpce:` line naming the problem, no
             output file (and an existing one untouched), no temporary file left
   commands  --help, --version, `vpce bench` (table and JSON), `vpce demo`
@@ -233,6 +237,298 @@ def suite_loss(r):
     print("loss: %d runs checked against the float64 reference at %d rank(s)" % (checks, r.np))
 
 
+# ------------------------------------------------------------------------------- the training options
+
+def bf16_bits(x):
+    """bfloat16 bits of x: the top 16 bits of float32 after rounding to nearest even (no NaN here)."""
+    u = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def bf16_values(bits):
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def to_16bit(x, kind):
+    """(bits as uint16, the float64 values those bits hold) for kind bfloat16 or float16."""
+    if kind == "bfloat16":
+        bits = bf16_bits(x)
+        return bits, bf16_values(bits).astype(np.float64)
+    h = np.asarray(x, dtype=np.float64).astype(np.float16)
+    return h.view(np.uint16), h.astype(np.float64)
+
+
+def from_16bit(bits, kind):
+    return (bf16_values(bits) if kind == "bfloat16" else bits.view(np.float16)).astype(np.float64)
+
+
+def round_16bit(x, kind):
+    """x rounded to the 16-bit type (as float64) and one ulp of the rounded value."""
+    if kind == "bfloat16":
+        r = bf16_values(bf16_bits(np.asarray(x, dtype=np.float32)))
+        return r.astype(np.float64), np.spacing(np.abs(r)).astype(np.float64) * 65536.0
+    r = np.asarray(x, dtype=np.float64).astype(np.float16)
+    return r.astype(np.float64), np.spacing(np.abs(r)).astype(np.float64)
+
+
+class Opts:
+    """The maths options of `vpce loss`, with their command-line form."""
+
+    def __init__(self, ignore_index=-100, reduction="none", label_smoothing=0.0, z_loss=0.0, logit_scale=1.0,
+                 softcap=0.0, flags=None):
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.a = label_smoothing
+        self.z = z_loss
+        self.scale = logit_scale
+        self.cap = softcap
+        self.flags = flags  # the command line, or None: every non-default value
+
+    def args(self):
+        if self.flags is not None:
+            return list(self.flags)
+        out = []
+        if self.ignore_index != -100:
+            out += ["--ignore-index", str(self.ignore_index)]
+        if self.reduction != "none":
+            out += ["--reduction", self.reduction]
+        for flag, value, default in (("--label-smoothing", self.a, 0.0), ("--z-loss", self.z, 0.0),
+                                     ("--logit-scale", self.scale, 1.0), ("--softcap", self.cap, 0.0)):
+            if value != default:
+                out += [flag, repr(value)]
+        return out
+
+
+def reference_options(z, t, o):
+    """DESIGN.md section 1 in float64: per-row loss (0 for ignored rows), gradient of the reduced loss (of the
+    sum of the per-token losses for 'none'), lse per row, reduced loss, number of rows not ignored, g."""
+    z = np.asarray(z, dtype=np.float64)
+    n, v = z.shape
+    masked = np.isneginf(z)
+    x = o.scale * z
+    if o.cap > 0:
+        x = o.cap * np.tanh(x / o.cap)
+        x[masked] = -np.inf  # a -inf logit stays -inf
+        with np.errstate(invalid="ignore"):
+            dxdz = o.scale * (1.0 - (x / o.cap) ** 2)
+        dxdz[masked] = 0.0
+    else:
+        dxdz = np.full_like(x, o.scale)
+    valid = t != o.ignore_index
+    n_valid = int(np.count_nonzero(valid))
+    rows = np.arange(n)
+    tt = np.where(valid, t, 0)
+    if n:
+        m = np.max(x, axis=1, keepdims=True)
+        e = np.exp(x - m)
+        lse = m[:, 0] + np.log(e.sum(axis=1))
+        p = np.exp(x - lse[:, None])
+        loss = lse - (1 - o.a) * x[rows, tt] + o.z * lse ** 2
+        if o.a > 0:
+            loss = loss - o.a * np.mean(x, axis=1)
+    else:
+        lse = np.zeros(0)
+        p = np.zeros((0, v))
+        loss = np.zeros(0)
+    loss = np.where(valid, loss, 0.0)
+    g = (1.0 / n_valid if n_valid else 0.0) if o.reduction == "mean" else 1.0
+    coef = p * (1 + 2 * o.z * lse[:, None]) - o.a / v
+    coef[rows, tt] -= 1 - o.a
+    grad = coef * dxdz * g
+    grad[~valid] = 0.0
+    total = float(np.sum(loss))
+    reduced = total / n_valid if (o.reduction == "mean" and n_valid) else (0.0 if o.reduction == "mean" else total)
+    return loss, grad, lse, reduced, valid, g
+
+
+def suite_options(r):
+    """--ignore-index, --reduction, --label-smoothing, --z-loss, --logit-scale, --softcap, --lse, --grad-dtype and
+    16-bit (bfloat16, float16) logits, checked against reference_options()."""
+    w = r.workdir
+    n, v = 9, 23
+    checks = [0]
+    all_modes = [(s, m) for s in ("fused", "seed") for m in ("fused", "stash", "recompute")]
+    partitions = {1: [None], 2: ["20,3", None, "0,23"], 3: ["10,0,13", None, "0,23,0"]}[r.np]
+    part_counter = [0]
+
+    def next_partition():
+        part = partitions[part_counter[0] % len(partitions)]
+        part_counter[0] += 1
+        return ["--partition", part] if part else []
+
+    def run_case(name, values, t, o, kind="float32", file_bits=None, strategy="fused", mode="fused", grad=True,
+                 lse=False, grad_dtype=None, byteorder="<", extra_args=()):
+        """values: the float64 logits the tool sees (for 16-bit: the values of file_bits)."""
+        inp = os.path.join(w, "in_%s.h5" % name)
+        out = os.path.join(w, "out_%s.h5" % name)
+        with h5py.File(inp, "w") as f:
+            if kind in ("bfloat16", "float16"):
+                d = f.create_dataset("logits", data=file_bits.astype(byteorder + "u2"))
+                d.attrs["dtype"] = kind
+            else:
+                f.create_dataset("logits", data=values.astype(np.dtype(kind).newbyteorder(byteorder)))
+            f["targets"] = t.astype(np.int64)
+        if os.path.exists(out):
+            os.remove(out)
+        args = (["loss", "--input", inp, "--output", out, "--quiet", "--strategy", strategy, "--mode", mode] +
+                next_partition() + o.args() + (["--grad"] if grad else []) + (["--lse"] if lse else []) +
+                (["--grad-dtype", grad_dtype] if grad_dtype else []) + list(extra_args))
+        res = r.run(args)
+        if res.statuses != [0] * r.np or res.vpce_lines():
+            raise Failure("%s: expected success\n%s" % (name, res.describe()))
+        if leftovers(w, out):
+            raise Failure("%s: temporary files left" % name)
+        want_loss, want_grad, want_lse, want_reduced, valid, g = reference_options(values, t, o)
+        half = kind in ("bfloat16", "float16")
+        out_dtype = np.dtype("float64" if kind == "float64" else "float32")
+        eps = np.finfo(out_dtype).eps
+        tol = eps * (4.0 * np.sqrt(v) + 16.0)
+        # Errors are relative to the size of what the row's loss and gradient are made of.
+        row_scale = np.maximum(1.0, np.abs(want_lse)) * (1 + 2 * o.z * np.abs(want_lse)) * max(1.0, o.scale)
+        problems = []
+
+        def compare(what, got, want, allowed):
+            if got.shape != want.shape:
+                problems.append("%s has shape %s, expected %s" % (what, got.shape, want.shape))
+                return
+            fin = np.isfinite(want)
+            if not np.array_equal(np.isfinite(got), fin) or np.any(got[~fin] != want[~fin]):
+                problems.append("%s: non-finite entries differ\ngot  %s\nwant %s" % (what, got, want))
+                return
+            excess = np.abs(got[fin] - want[fin]) - np.broadcast_to(allowed, want.shape)[fin]
+            if excess.size and np.max(excess) > 0:
+                k = int(np.argmax(excess))
+                problems.append("%s differs from the float64 reference by up to %.3g more than allowed (entry %d "
+                                "of the finite ones: got %.9g, want %.9g)" %
+                                (what, np.max(excess), k, got[fin][k], want[fin][k]))
+
+        with h5py.File(out, "r") as f:
+            names = set(f.keys())
+            expect_names = {"loss"} | ({"grad_logits"} if grad else set()) | ({"lse"} if lse else set())
+            if names != expect_names:
+                raise Failure("%s: datasets %s, expected %s" % (name, sorted(names), sorted(expect_names)))
+            got = f["loss"]
+            if got.dtype != out_dtype:
+                problems.append("/loss is %s, expected %s" % (got.dtype, out_dtype))
+            got = got[...].astype(np.float64)
+            if o.reduction == "none":
+                compare("/loss", got, want_loss, tol * row_scale)
+                if np.any(got[~valid] != 0):
+                    problems.append("/loss is not 0 on ignored rows")
+            else:
+                allowed = tol * np.sum(row_scale[valid]) * (g if o.reduction == "mean" else 1.0) + 1e-300
+                compare("/loss (%s)" % o.reduction, got, np.array([want_reduced]), allowed)
+            if lse:
+                got = f["lse"]
+                if got.dtype != out_dtype:
+                    problems.append("/lse is %s, expected %s" % (got.dtype, out_dtype))
+                compare("/lse", got[...].astype(np.float64), want_lse, tol * np.maximum(1.0, np.abs(want_lse)))
+            if grad:
+                d = f["grad_logits"]
+                allowed = tol * row_scale[:, None] * g
+                if grad_dtype == "logits" and half:
+                    attr = d.attrs.get("dtype")
+                    attr = attr.decode() if isinstance(attr, bytes) else attr
+                    if d.dtype != np.uint16 or attr != kind:
+                        problems.append("/grad_logits is %s with dtype attribute %r, expected uint16 with %r" %
+                                        (d.dtype, attr, kind))
+                    got = from_16bit(d[...], kind)
+                    # Computed in float32, rounded once to 16 bits: within one 16-bit ulp of the reference
+                    # rounded (plus the float32 computation's own error, for the cancelling target column).
+                    want16, ulp = round_16bit(want_grad, kind)
+                    compare("/grad_logits (%s)" % kind, got, want16, ulp + allowed)
+                else:
+                    want_dtype = np.dtype(kind if grad_dtype == "logits" else
+                                          "float32" if grad_dtype == "float32" else out_dtype)
+                    if d.dtype != want_dtype:
+                        problems.append("/grad_logits is %s, expected %s" % (d.dtype, want_dtype))
+                    if want_dtype == np.float32 and out_dtype == np.float64:
+                        allowed = allowed + np.finfo(np.float32).eps * np.abs(want_grad)  # rounded on the way out
+                    got = d[...].astype(np.float64)
+                    compare("/grad_logits", got, want_grad, allowed)
+                if got.shape == want_grad.shape and np.any(got[~valid] != 0):
+                    problems.append("/grad_logits is not 0 on ignored rows")
+        if problems:
+            raise Failure("%s: %s\n%s" % (name, "\n".join(problems), res.describe()))
+        checks[0] += 1
+
+    # Logits with the awkward rows of make_case (a -inf block, a huge logit, a row far down), as float64 values
+    # exactly representable in float32. Label smoothing averages the -inf entries too (an infinite loss): its
+    # cases use `plain`, where they are -30.
+    x32, t = make_case(n, v, "float32", 11)
+    masked = x32.astype(np.float64)
+    plain = np.where(np.isneginf(masked), -30.0, masked)
+    t_ign = t.copy()
+    t_ign[[0, 6]] = 5  # targets equal to --ignore-index 5 (a valid column id: still ignored)
+    t_neg = t.copy()
+    t_neg[[0, 4, 6]] = -1
+    t_def = t.copy()
+    t_def[[3, 7]] = -100  # PyTorch's default ignore index, no flag needed
+
+    singles = [
+        ("ignore", Opts(ignore_index=5), t_ign, masked),
+        ("sum", Opts(reduction="sum"), t_def, masked),
+        ("mean", Opts(reduction="mean"), t_def, masked),
+        ("smoothing", Opts(label_smoothing=0.1), t, plain),
+        ("zloss", Opts(z_loss=0.01), t, masked),
+        ("scale", Opts(logit_scale=0.37), t, masked),
+        ("softcap", Opts(softcap=5.0), t, masked),  # caps the 40 and the -60s; -inf stays -inf
+    ]
+    combos = [
+        ("comboA", Opts(ignore_index=-1, reduction="mean", label_smoothing=0.2, z_loss=0.01, logit_scale=1.7,
+                        softcap=8.0), t_neg, plain),
+        ("comboB", Opts(reduction="sum", z_loss=1e-3, logit_scale=0.8, softcap=12.0), t_def, masked),
+    ]
+    # Each option alone for every strategy x mode at 2 ranks, and once (strategy and mode rotating) at 3 ranks.
+    # One combination per strategy x mode at each number of ranks (alternating: at 2 ranks the other one).
+    k = 0
+    for label, o, tt, values in singles:
+        modes = all_modes if r.np == 2 else [all_modes[(k + r.np) % 6]] if r.np == 3 else []
+        for strategy, mode in modes:
+            run_case("%s_%s_%s" % (label, strategy, mode), values, tt, o, strategy=strategy, mode=mode,
+                     lse=(k % 2 == 0))
+            k += 1
+    for j, (strategy, mode) in enumerate(all_modes):
+        for c, (label, o, tt, values) in enumerate(combos):
+            if (c + j + (r.np == 2)) % 2 == 0:
+                run_case("%s_%s_%s" % (label, strategy, mode), values, tt, o, strategy=strategy, mode=mode,
+                         lse=True, grad_dtype="logits" if c else None)
+    # float64 logits, with options; its gradient as float32 on request (at 2 ranks).
+    x64, t64 = make_case(n, v, "float64", 12)
+    x64[2, :10] = -25.0
+    if r.np == 2:
+        run_case("float64_comboA", x64, np.where(np.arange(n) % 4 == 1, -1, t64), combos[0][1], kind="float64",
+                 strategy="seed", mode="recompute", lse=True)
+        run_case("float64_grad_float32", x64, t64, Opts(z_loss=0.02, softcap=6.0), kind="float64", mode="stash",
+                 grad_dtype="float32")
+
+    # 16-bit logits: the reference is computed from the rounded values the file holds. One case per strategy x
+    # mode, both types, both gradient types, options, the default ignore index, a big-endian file.
+    o16 = Opts(reduction="mean", label_smoothing=0.05, z_loss=1e-3, logit_scale=1.25, softcap=10.0)
+    for j, (strategy, mode) in enumerate(all_modes):
+        kind = ("bfloat16", "float16")[(j // 2 + r.np) % 2]
+        # The gradient in 16 bits for half of the strategy x modes, the other half at the next number of ranks.
+        gd = "logits" if (j + r.np) % 2 else (None if j >= 4 else "float32")  # None: the default, float32
+        o = o16 if j % 3 != 1 else Opts()
+        values = plain if o.a > 0 else masked
+        bits, seen = to_16bit(values, kind)
+        run_case("%s_%s_%s_%s" % (kind, gd, strategy, mode), seen, t_def, o, kind=kind, file_bits=bits,
+                 strategy=strategy, mode=mode, lse=j in (0, 3, 5), grad_dtype=gd,
+                 byteorder=">" if j == 4 else "<")
+
+    # Every token ignored: mean gives loss 0 and a zero gradient (no NaN); lse is still written.
+    t_all = np.full(n, -100, dtype=np.int64)
+    run_case("all_ignored_mean", masked, t_all, Opts(reduction="mean"), strategy="fused", mode="fused", lse=True)
+    bits, seen = to_16bit(plain, "bfloat16")
+    run_case("all_ignored_mean_bf16", seen, t_all, Opts(reduction="mean", label_smoothing=0.1, z_loss=0.01),
+             kind="bfloat16", file_bits=bits, strategy="seed", mode="stash", grad_dtype="logits")
+    # The loss alone (forward only) with a reduction and lse; no tokens at all with mean.
+    run_case("loss_only_sum", masked, t_def, Opts(reduction="sum", softcap=7.0), strategy="seed", mode="recompute",
+             grad=False, lse=True)
+    run_case("zero_tokens_mean", np.zeros((0, v)), np.zeros(0, dtype=np.int64), Opts(reduction="mean"), lse=True)
+    print("options: %d runs checked against the float64 reference at %d rank(s)" % (checks[0], r.np))
+
+
 def suite_errors(r):
     w = r.workdir
     n, v = 6, 23
@@ -242,9 +538,10 @@ def suite_errors(r):
     out = os.path.join(w, "out.h5")
     cases = []  # (name, args, expected substrings, exit status, existing output content or None)
 
-    def add(name, args, expect, status=1, existing=None, parse_only=False):
-        # Pure command-line errors do not depend on the ranks: run them at 2 ranks only (saves time).
-        if not parse_only or r.np == 2:
+    def add(name, args, expect, status=1, existing=None, parse_only=False, once=False):
+        # Pure command-line errors do not depend on the ranks: run them at 2 ranks only (saves time); `once`: other
+        # checks made alike by every rank, also at 2 ranks only.
+        if not (parse_only or once) or r.np == 2:
             cases.append((name, args, expect, status, existing))
 
     def bad_file(name, **datasets):
@@ -303,6 +600,50 @@ def suite_errors(r):
     x_inf[1, 0] = np.inf
     add("inf_logits", loss + ["--input", bad_file("inf_logits", logits=x_inf, targets=t), "--strategy", "seed"],
         ["inf_logits.h5", "row 1", "+inf"])
+    # 16-bit logits: uint16 bits need a string attribute dtype = "bfloat16" or "float16" (the attribute's other
+    # problems are checked at 2 ranks only).
+    def uint16_file(name, dtype_attr, data_type="<u2"):
+        path = os.path.join(w, name + ".h5")
+        with h5py.File(path, "w") as f:
+            d = f.create_dataset("logits", data=bf16_bits(x).astype(data_type))
+            if dtype_attr is not None:
+                d.attrs["dtype"] = dtype_attr
+            f["targets"] = t
+        return path
+
+    add("uint16_no_dtype", loss + ["--input", uint16_file("uint16_no_dtype", None)],
+        ["uint16_no_dtype.h5", "dataset /logits", "no attribute dtype", '"bfloat16" or "float16"'])
+    add("uint16_bad_dtype", loss + ["--input", uint16_file("uint16_bad_dtype", "float8")],
+        ["dataset /logits", 'attribute dtype is "float8"', '"bfloat16" or "float16"'], once=True)
+    add("uint16_dtype_not_string", loss + ["--input", uint16_file("uint16_int_dtype", np.int64(16))],
+        ["dataset /logits (uint16): attribute dtype is int64, not a string"], once=True)
+    add("int16_with_dtype", loss + ["--input", uint16_file("int16_dtype", "bfloat16", "<i2")],
+        ["dataset /logits has type int16", "uint16"], once=True)
+    t_ign = t.copy()
+    t_ign[2] = -100
+    add("target_not_ignore_index", loss + ["--input", bad_file("target_ign", logits=x, targets=t_ign),
+                                           "--ignore-index", "0"],
+        ["/targets", "entry 2 is -100", "not the --ignore-index (0)"])
+    # Options of the loss.
+    add("bad_reduction", loss + ["--input", good, "--reduction", "avg"], ["--reduction avg", "none | sum | mean"],
+        status=2, parse_only=True)
+    add("label_smoothing_range", loss + ["--input", good, "--label-smoothing", "1.5"],
+        ["--label-smoothing 1.5: must be in [0, 1]"], status=2, parse_only=True)
+    add("softcap_negative", loss + ["--input", good, "--softcap", "-1"], ["--softcap -1: must be", ">= 0"],
+        status=2, parse_only=True)
+    add("logit_scale_zero", loss + ["--input", good, "--logit-scale=0"], ["--logit-scale 0: must be", "> 0"],
+        status=2, parse_only=True)
+    add("z_loss_word", loss + ["--input", good, "--z-loss", "big"], ["--z-loss big: not a number"], status=2,
+        parse_only=True)
+    add("z_loss_inf", loss + ["--input", good, "--z-loss", "inf"], ["--z-loss inf: must be a finite number"],
+        status=2, parse_only=True)
+    add("ignore_index_word", loss + ["--input", good, "--ignore-index", "1.5"], ["--ignore-index 1.5: not an integer"],
+        status=2, parse_only=True)
+    add("bad_grad_dtype", loss + ["--input", good, "--grad-dtype", "float64"], ["--grad-dtype float64",
+                                                                                 "float32 | logits"],
+        status=2, parse_only=True)
+    add("grad_dtype_without_grad", ["loss", "--input", good, "--output", out, "--grad-dtype", "logits"],
+        ["--grad-dtype logits needs --grad"], status=2, parse_only=True)
     # Output.
     add("output_folder_missing", ["loss", "--input", good, "--output", os.path.join(w, "no", "such", "out.h5")],
         ["no/such", "No such file or directory"])
@@ -436,7 +777,7 @@ def main():
     p.add_argument("--numproc-flag", default="-n")
     p.add_argument("--preflag", action="append", help="an mpiexec flag before the program (repeatable)")
     p.add_argument("--np", type=int, default=2)
-    p.add_argument("--suite", choices=("loss", "errors", "commands"), required=True)
+    p.add_argument("--suite", choices=("loss", "options", "errors", "commands"), required=True)
     p.add_argument("--workdir", required=True)
     opts = p.parse_args()
     opts.vpce = os.path.abspath(opts.vpce)
@@ -444,7 +785,7 @@ def main():
     os.makedirs(opts.workdir)
     r = Runner(opts)
     try:
-        {"loss": suite_loss, "errors": suite_errors, "commands": suite_commands}[opts.suite](r)
+        {"loss": suite_loss, "options": suite_options, "errors": suite_errors, "commands": suite_commands}[opts.suite](r)
     except Failure as e:
         print("FAILED: %s" % e, file=sys.stderr)
         return 1
