@@ -231,7 +231,7 @@ void CrossEntropy<Scalar, ExecSpace>::check_rows(std::int64_t row0, std::int64_t
 
 template <class Scalar, class ExecSpace>
 void CrossEntropy<Scalar, ExecSpace>::reduce_loss(const loss_view& loss) {
-  const double total = impl::sum(m_exec, loss);
+  const double total = impl::ordered_sum(m_exec, loss);
   m_reduced_loss = m_opt.reduction == Reduction::mean ? (m_n_valid > 0 ? total / double(m_n_valid) : 0.0) : total;
 }
 

@@ -371,13 +371,14 @@ TargetCheck check_targets(const ExecSpace& exec, const Kokkos::View<const std::i
   return {first_bad < n ? first_bad : n, static_cast<std::int64_t>(sum >> 1), n_valid};
 }
 
-/// Sum of a View in double.
+/// Sum of a View in double, in row order on the host: the same bits whatever the number of threads.
 template <class ExecSpace, class View>
-double sum(const ExecSpace& exec, const View& v) {
+double ordered_sum(const ExecSpace& exec, const View& v) {
+  auto h = Kokkos::create_mirror_view(v);
+  Kokkos::deep_copy(exec, h, v);
+  exec.fence();
   double s = 0;
-  Kokkos::parallel_reduce(
-      "vpce::sum", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, v.extent(0)),
-      KOKKOS_LAMBDA(std::int64_t i, double& acc) { acc += double(v(i)); }, s);
+  for (std::size_t i = 0; i < h.extent(0); ++i) s += double(h(i));
   return s;
 }
 
