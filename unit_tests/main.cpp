@@ -19,8 +19,8 @@ class FailurePrinter : public ::testing::EmptyTestEventListener {
   explicit FailurePrinter(int rank) : m_rank(rank) {}
   void OnTestPartResult(const ::testing::TestPartResult& r) override {
     if (!r.failed()) return;
-    std::fprintf(stderr, "[rank %d] %s:%d: Failure\n%s\n", m_rank, r.file_name() ? r.file_name() : "?",
-                 r.line_number(), r.summary());
+    std::fprintf(stderr, "[rank %d] %s:%d: Failure\n%s\n", m_rank, r.file_name() ? r.file_name() : "?", r.line_number(),
+                 r.summary());
     std::fflush(stderr);
   }
   void OnTestEnd(const ::testing::TestInfo& info) override {

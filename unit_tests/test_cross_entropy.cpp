@@ -28,6 +28,7 @@ class CrossEntropyTest : public ::testing::Test {
     const Outputs out = run_path<C>(ce, in, path);
     const std::string what = label + ", " + describe(opt) + ", " + to_string(path);
     expect_matches_reference<C>(out, ref, p, part.begin(), part.local_size(), path_scale(p, path), what);
+    expect_inputs_unchanged<C>(in, p, part.begin(), what);
     return out;
   }
 };
@@ -50,6 +51,45 @@ TYPED_TEST(CrossEntropyTest, MatchesReferenceEveryStrategyModeAndPath) {
       }
     }
   }
+}
+
+// A larger problem (several vector lengths per row with a remainder, several OpenMP threads, N not a
+// multiple of the automatic block), host and team kernels, both strategies.
+TYPED_TEST(CrossEntropyTest, LargerProblem) {
+  using scalar = typename TestFixture::scalar;
+  const auto part = vpce::VocabPartition::even(4099, this->comm);
+  const Problem p = make_problem<scalar>(67, part.vocab_size(), 4099);
+  const Reference ref = reference(p);
+  for (auto strategy : {vpce::Strategy::fused, vpce::Strategy::seed}) {
+    for (bool teams : {false, true}) {
+      vpce::Options opt;
+      opt.strategy = strategy;
+      opt.force_team_kernels = teams;
+      opt.block_bytes_per_thread = 4096;  // automatic blocks of a few rows
+      for (Path path : {Path::fused_view, Path::forward_backward_scalar})
+        this->check(part, opt, p, ref, path, "V 4099");
+    }
+  }
+}
+
+// One token.
+TYPED_TEST(CrossEntropyTest, OneToken) {
+  using scalar = typename TestFixture::scalar;
+  for (const auto& np : test_partitions(this->comm)) {
+    const Problem p = make_problem<scalar>(1, np.part.vocab_size(), 3);
+    const Reference ref = reference(p);
+    for (auto strategy : {vpce::Strategy::fused, vpce::Strategy::seed}) {
+      vpce::Options opt;
+      opt.strategy = strategy;
+      for (Path path : all_paths()) this->check(np.part, opt, p, ref, path, np.name + ", N 1");
+    }
+  }
+}
+
+// lse() is empty before the first call.
+TYPED_TEST(CrossEntropyTest, LseIsEmptyBeforeTheFirstCall) {
+  typename TestFixture::cross_entropy ce(this->comm, vpce::VocabPartition::even(10, this->comm));
+  EXPECT_EQ(ce.lse().extent(0), 0u);
 }
 
 // Fused and seed strategies give the same loss, lse and gradient as each other (strategy vs strategy).
@@ -121,7 +161,9 @@ TYPED_TEST(CrossEntropyTest, BlockRowsAndTeamKernelsGiveTheSameResult) {
           opt.block_rows = rows < 0 ? 0 : rows;
           if (rows < 0) opt.block_bytes_per_thread = 1;  // automatic, one row per thread
           typename TestFixture::cross_entropy ce(this->comm, np.part, opt);
-          if (rows > 0) EXPECT_EQ(ce.block_rows(), rows);
+          if (rows > 0) {
+            EXPECT_EQ(ce.block_rows(), rows);
+          }
           EXPECT_GE(ce.block_rows(), 1);
           const std::string what = np.name + ", " + describe(opt);
           for (Path path : {Path::fused_view, Path::forward_backward_view}) {
@@ -227,10 +269,9 @@ TYPED_TEST(CrossEntropyTest, BackwardCanBeRepeated) {
     for (double scale : {1.0, -3.5, 0.125}) {
       auto grad = poisoned_matrix<TypeParam>(p.n, part.local_size());
       ce.backward(static_cast<scalar>(scale), grad);
-      expect_allclose(to_host(grad),
-                      expected_grad(ref, p, part.begin(), part.local_size(), std::vector<double>(p.n, scale)),
-                      Tolerance<scalar>::grad, describe(opt) + ": grad, scale " + std::to_string(scale),
-                      part.local_size());
+      expect_allclose(
+          to_host(grad), expected_grad(ref, p, part.begin(), part.local_size(), std::vector<double>(p.n, scale)),
+          Tolerance<scalar>::grad, describe(opt) + ": grad, scale " + std::to_string(scale), part.local_size());
     }
   }
 }

@@ -96,7 +96,8 @@ class CrossEntropy {
 
   /// log(sum_j exp(x_ij)) over the global vocabulary, per row, of the last forward() or loss_and_grad().
   Kokkos::View<const compute_type*, memory_space> lse() const { return m_lse_out; }
-  /// The per-token losses of the last call reduced as Options::reduction says (the sum for none).
+  /// The per-token losses of the last call reduced as Options::reduction says (the sum for none), summed in
+  /// row order (the same bits for any thread count).
   double reduced_loss() const noexcept { return m_reduced_loss; }
   /// Rows of the last call whose target is not ignore_index.
   std::int64_t num_valid() const noexcept { return m_n_valid; }
@@ -112,18 +113,19 @@ class CrossEntropy {
   enum class Out { loss, stash, grad };
   template <class G>
   void run(const logits_view& logits, const targets_view& targets, const loss_view& loss, Out out, G* grad,
-           std::int64_t grad_rows, std::int64_t grad_cols, std::int64_t ld_grad, const grad_loss_view& grad_loss,
+           std::int64_t grad_rows, std::int64_t grad_cols, std::int64_t ld_grad, const grad_loss_view* grad_loss,
            T grad_scale);
   template <class G, bool Capped>
   void compute(const logits_view& logits, const targets_view& targets, const loss_view& loss, Out out, G* y,
                std::int64_t ld_y, const impl::GradScale<T, memory_space>& g);
   template <class G>
-  void backward_impl(const grad_loss_view& grad_loss, T grad_scale, G* grad, std::int64_t rows, std::int64_t cols,
+  void backward_impl(const grad_loss_view* grad_loss, T grad_scale, G* grad, std::int64_t rows, std::int64_t cols,
                      std::int64_t ld);
   template <class G, bool Capped>
   void backward_rows(const impl::GradScale<T, memory_space>& g, G* y, std::int64_t ld_y);
   std::string check_targets(const targets_view& targets, std::int64_t* checksum);
-  impl::GradScale<T, memory_space> grad_scale_for(const grad_loss_view& grad_loss, T grad_scale,
+  /// grad_loss: the per-row View of the per-row overloads (must have N entries), nullptr for a scalar.
+  impl::GradScale<T, memory_space> grad_scale_for(const grad_loss_view* grad_loss, T grad_scale,
                                                   std::string* err) const;
   impl::Params<T> params() const;
   void ensure_capacity(std::int64_t n_rows, bool stash);

@@ -108,7 +108,7 @@ void CrossEntropy<Scalar, ExecSpace>::forward(const logits_view& logits, const t
                                               const loss_view& loss) {
   const bool stash = m_opt.mode == Mode::stash_softmax;
   m_have_forward = false;
-  run<T>(logits, targets, loss, stash ? Out::stash : Out::loss, nullptr, 0, 0, 0, grad_loss_view(), T(1));
+  run<T>(logits, targets, loss, stash ? Out::stash : Out::loss, nullptr, 0, 0, 0, nullptr, T(1));
   m_saved_logits = stash ? logits_view() : logits;
   m_saved_targets = targets;
   m_have_forward = true;
@@ -118,7 +118,7 @@ template <class Scalar, class ExecSpace>
 void CrossEntropy<Scalar, ExecSpace>::loss_and_grad(const logits_view& logits, const targets_view& targets,
                                                     const loss_view& loss, const grad_view& grad, T grad_scale) {
   m_have_forward = false;
-  run(logits, targets, loss, Out::grad, grad.data(), grad.extent(0), grad.extent(1), grad.stride(0), grad_loss_view(),
+  run(logits, targets, loss, Out::grad, grad.data(), grad.extent(0), grad.extent(1), grad.stride(0), nullptr,
       grad_scale);
 }
 
@@ -128,8 +128,8 @@ void CrossEntropy<Scalar, ExecSpace>::loss_and_grad(const logits_view& logits, c
                                                     T grad_scale) {
   m_have_forward = false;
   if constexpr (is_16bit_v<Scalar>)
-    run(logits, targets, loss, Out::grad, grad.data(), grad.extent(0), grad.extent(1), grad.stride(0),
-        grad_loss_view(), grad_scale);
+    run(logits, targets, loss, Out::grad, grad.data(), grad.extent(0), grad.extent(1), grad.stride(0), nullptr,
+        grad_scale);
 }
 
 template <class Scalar, class ExecSpace>
@@ -137,7 +137,7 @@ void CrossEntropy<Scalar, ExecSpace>::loss_and_grad(const logits_view& logits, c
                                                     const loss_view& loss, const grad_view& grad,
                                                     const grad_loss_view& grad_loss) {
   m_have_forward = false;
-  run(logits, targets, loss, Out::grad, grad.data(), grad.extent(0), grad.extent(1), grad.stride(0), grad_loss, T(1));
+  run(logits, targets, loss, Out::grad, grad.data(), grad.extent(0), grad.extent(1), grad.stride(0), &grad_loss, T(1));
 }
 
 template <class Scalar, class ExecSpace>
@@ -146,30 +146,30 @@ void CrossEntropy<Scalar, ExecSpace>::loss_and_grad(const logits_view& logits, c
                                                     const grad_loss_view& grad_loss) {
   m_have_forward = false;
   if constexpr (is_16bit_v<Scalar>)
-    run(logits, targets, loss, Out::grad, grad.data(), grad.extent(0), grad.extent(1), grad.stride(0), grad_loss,
+    run(logits, targets, loss, Out::grad, grad.data(), grad.extent(0), grad.extent(1), grad.stride(0), &grad_loss,
         T(1));
 }
 
 template <class Scalar, class ExecSpace>
 void CrossEntropy<Scalar, ExecSpace>::backward(const grad_loss_view& grad_loss, const grad_view& grad) {
-  backward_impl(grad_loss, T(1), grad.data(), grad.extent(0), grad.extent(1), grad.stride(0));
+  backward_impl(&grad_loss, T(1), grad.data(), grad.extent(0), grad.extent(1), grad.stride(0));
 }
 
 template <class Scalar, class ExecSpace>
 void CrossEntropy<Scalar, ExecSpace>::backward(const grad_loss_view& grad_loss, const grad_storage_view& grad) {
   if constexpr (is_16bit_v<Scalar>)
-    backward_impl(grad_loss, T(1), grad.data(), grad.extent(0), grad.extent(1), grad.stride(0));
+    backward_impl(&grad_loss, T(1), grad.data(), grad.extent(0), grad.extent(1), grad.stride(0));
 }
 
 template <class Scalar, class ExecSpace>
 void CrossEntropy<Scalar, ExecSpace>::backward(T grad_scale, const grad_view& grad) {
-  backward_impl(grad_loss_view(), grad_scale, grad.data(), grad.extent(0), grad.extent(1), grad.stride(0));
+  backward_impl(nullptr, grad_scale, grad.data(), grad.extent(0), grad.extent(1), grad.stride(0));
 }
 
 template <class Scalar, class ExecSpace>
 void CrossEntropy<Scalar, ExecSpace>::backward(T grad_scale, const grad_storage_view& grad) {
   if constexpr (is_16bit_v<Scalar>)
-    backward_impl(grad_loss_view(), grad_scale, grad.data(), grad.extent(0), grad.extent(1), grad.stride(0));
+    backward_impl(nullptr, grad_scale, grad.data(), grad.extent(0), grad.extent(1), grad.stride(0));
 }
 
 // --- internals -------------------------------------------------------------------------------------------
@@ -189,12 +189,12 @@ std::string CrossEntropy<Scalar, ExecSpace>::check_targets(const targets_view& t
 
 template <class Scalar, class ExecSpace>
 impl::GradScale<typename CrossEntropy<Scalar, ExecSpace>::T, typename ExecSpace::memory_space>
-CrossEntropy<Scalar, ExecSpace>::grad_scale_for(const grad_loss_view& grad_loss, T grad_scale, std::string* err) const {
-  if (grad_loss.data() != nullptr && m_opt.reduction != Reduction::none && err->empty())
+CrossEntropy<Scalar, ExecSpace>::grad_scale_for(const grad_loss_view* grad_loss, T grad_scale, std::string* err) const {
+  if (grad_loss != nullptr && m_opt.reduction != Reduction::none && err->empty())
     *err = std::string("vpce: a per-row grad_loss needs Options::reduction none, not ") + to_string(m_opt.reduction);
   T value = grad_scale;
   if (m_opt.reduction == Reduction::mean) value = m_n_valid > 0 ? grad_scale / T(m_n_valid) : T(0);
-  return {grad_loss, value};
+  return {grad_loss != nullptr ? *grad_loss : grad_loss_view(), value};
 }
 
 template <class Scalar, class ExecSpace>
@@ -240,7 +240,7 @@ template <class G>
 void CrossEntropy<Scalar, ExecSpace>::run(const logits_view& logits, const targets_view& targets,
                                           const loss_view& loss, Out out, G* grad, std::int64_t grad_rows,
                                           std::int64_t grad_cols, std::int64_t ld_grad,
-                                          const grad_loss_view& grad_loss, T grad_scale) {
+                                          const grad_loss_view* grad_loss, T grad_scale) {
   impl::ScopedRegion region("vpce::cross_entropy");
   const std::int64_t n_rows = targets.extent(0);
   const std::int64_t v_local = m_part.local_size();
@@ -256,8 +256,8 @@ void CrossEntropy<Scalar, ExecSpace>::run(const logits_view& logits, const targe
     err = "vpce: the loss has " + std::to_string(loss.extent(0)) + " entries, expected " + std::to_string(n_rows);
   } else if (out == Out::grad && (grad_rows != n_rows || grad_cols != v_local)) {
     err = "vpce: the gradient is " + impl::shape(grad_rows, grad_cols) + ", expected " + impl::shape(n_rows, v_local);
-  } else if (out == Out::grad && grad_loss.data() != nullptr && std::int64_t(grad_loss.extent(0)) != n_rows) {
-    err = "vpce: grad_loss has " + std::to_string(grad_loss.extent(0)) + " entries, expected " +
+  } else if (out == Out::grad && grad_loss != nullptr && std::int64_t(grad_loss->extent(0)) != n_rows) {
+    err = "vpce: grad_loss has " + std::to_string(grad_loss->extent(0)) + " entries, expected " +
           std::to_string(n_rows);
   }
   std::int64_t checksum = 0;
@@ -280,7 +280,7 @@ void CrossEntropy<Scalar, ExecSpace>::run(const logits_view& logits, const targe
     compute<G, false>(logits, targets, loss, out, y, ld_y, g);
   }
   m_lse_out = Kokkos::subview(m_lse, std::make_pair(std::int64_t(0), n_rows));
-  if (m_opt.reduction != Reduction::none) reduce_loss(loss);
+  reduce_loss(loss);
   impl::fence(m_exec, "vpce::cross_entropy");
 }
 
@@ -390,7 +390,7 @@ void CrossEntropy<Scalar, ExecSpace>::compute(const logits_view& logits, const t
 
 template <class Scalar, class ExecSpace>
 template <class G>
-void CrossEntropy<Scalar, ExecSpace>::backward_impl(const grad_loss_view& grad_loss, T grad_scale, G* grad,
+void CrossEntropy<Scalar, ExecSpace>::backward_impl(const grad_loss_view* grad_loss, T grad_scale, G* grad,
                                                     std::int64_t rows, std::int64_t cols, std::int64_t ld) {
   // No communication here, so the checks are local.
   VPCE_THROW_IF(!m_have_forward, "backward() needs a forward() first (loss_and_grad() keeps nothing)");
@@ -398,8 +398,8 @@ void CrossEntropy<Scalar, ExecSpace>::backward_impl(const grad_loss_view& grad_l
   const std::int64_t v_local = m_part.local_size();
   VPCE_THROW_IF(rows != n_rows || cols != v_local,
                 "the gradient is " + impl::shape(rows, cols) + ", expected " + impl::shape(n_rows, v_local));
-  VPCE_THROW_IF(grad_loss.data() != nullptr && std::int64_t(grad_loss.extent(0)) != n_rows,
-                "grad_loss has " + std::to_string(grad_loss.extent(0)) + " entries, expected " +
+  VPCE_THROW_IF(grad_loss != nullptr && std::int64_t(grad_loss->extent(0)) != n_rows,
+                "grad_loss has " + std::to_string(grad_loss->extent(0)) + " entries, expected " +
                     std::to_string(n_rows));
   std::string err;
   const auto g = grad_scale_for(grad_loss, grad_scale, &err);

@@ -77,6 +77,23 @@ struct HostInner {
   KOKKOS_FORCEINLINE_FUNCTION void barrier() const {}
 };
 
+/// Max reducer whose identity is -inf (Kokkos::Max starts from the lowest finite value, which would hide
+/// a row of -inf).
+template <class T>
+struct MaxOrNegInf {
+  using reducer = MaxOrNegInf;
+  using value_type = T;
+  using result_view_type = Kokkos::View<T, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>;
+  T& value;
+  KOKKOS_INLINE_FUNCTION explicit MaxOrNegInf(T& v) : value(v) {}
+  KOKKOS_INLINE_FUNCTION void join(T& dst, const T& src) const { dst = src > dst ? src : dst; }
+  KOKKOS_INLINE_FUNCTION void join(volatile T& dst, const volatile T& src) const { dst = src > dst ? src : dst; }
+  KOKKOS_INLINE_FUNCTION void init(T& v) const { v = neg_inf<T>(); }
+  KOKKOS_INLINE_FUNCTION T& reference() const { return value; }
+  KOKKOS_INLINE_FUNCTION result_view_type view() const { return result_view_type(&value); }
+  KOKKOS_INLINE_FUNCTION bool references_scalar() const { return true; }
+};
+
 template <class Member>
 struct TeamInner {
   const Member& member;
@@ -89,7 +106,7 @@ struct TeamInner {
           const T v = f(j);
           l = v > l ? v : l;
         },
-        Kokkos::Max<T>(m));
+        MaxOrNegInf<T>(m));
     return m;
   }
   template <class T, class F>
@@ -98,6 +115,10 @@ struct TeamInner {
     Kokkos::parallel_reduce(
         Kokkos::TeamThreadRange(member, n), [&](std::int64_t j, T& l) { l += f(j); }, s);
     return s;
+  }
+  template <class T, class F>
+  KOKKOS_FORCEINLINE_FUNCTION T chunk_sum(std::int64_t n, const F& f) const {
+    return sum<T>(n, f);
   }
   template <class F>
   KOKKOS_FORCEINLINE_FUNCTION void for_each(std::int64_t n, const F& f) const {
@@ -193,6 +214,12 @@ struct KernelArgs {
   KOKKOS_INLINE_FUNCTION bool valid(std::int64_t i) const { return targets(i) != p.ignore_index; }
 };
 
+/// x if x is NaN, else 0: summed over a slice whose max is -inf, it turns a hidden NaN into a NaN sum.
+template <class T>
+KOKKOS_FORCEINLINE_FUNCTION T nan_or_zero(T x) {
+  return x != x ? x : T(0);
+}
+
 /// Columns per chunk of the host's one-pass statistics (2 KiB of floats: the chunk is in L1 for its exp loop).
 inline constexpr std::int64_t chunk_cols = 512;
 KOKKOS_INLINE_FUNCTION std::int64_t num_chunks(std::int64_t n) { return (n + chunk_cols - 1) / chunk_cols; }
@@ -213,6 +240,28 @@ struct LocalStats {
   T* y = nullptr;
   std::int64_t ld_y = 0;
   Kokkos::View<T**, Kokkos::LayoutRight, MemSpace> chunk_max;  ///< N x num_chunks(n), with y only
+
+  /// sum_j exp(x_j - m) over len columns, storing each term in y if set. With m = -inf (every logit -inf
+  /// or NaN) the sum is 0 -- or NaN if a NaN hides among them -- and y gets zeros.
+  template <class Inner>
+  KOKKOS_INLINE_FUNCTION T exp_sum(const Inner& in, std::int64_t len, const S* x, T* y, T m) const {
+    const Params<T>& p = a.p;
+    if (m == neg_inf<T>()) {
+      return in.template chunk_sum<T>(len, [&](std::int64_t j) {
+        if (y != nullptr) y[j] = T(0);
+        return nan_or_zero(to_compute(x[j]));
+      });
+    }
+    if (y == nullptr)
+      return in.template chunk_sum<T>(
+          len, [&](std::int64_t j) { return fast_exp(p.template transform<Capped>(to_compute(x[j])) - m); });
+    return in.template chunk_sum<T>(len, [&](std::int64_t j) {
+      const T e = fast_exp(p.template transform<Capped>(to_compute(x[j])) - m);
+      y[j] = e;
+      return e;
+    });
+  }
+
   template <class Inner>
   KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t i) const {
     const S* x = a.x + i * a.ld_x;
@@ -235,51 +284,20 @@ struct LocalStats {
         const T cz = in.template max<T>(len, [&](std::int64_t j) { return to_compute(xc[j]); });
         if (cz > zmax) {
           const T m_new = p.template transform<Capped>(cz);
-          acc = m == neg_inf<T>() ? 0.0 : acc * double(fast_exp(m - m_new));
+          // While m was -inf, acc is 0 (or NaN from a NaN among the -inf): it stays as it is.
+          if (m != neg_inf<T>()) acc *= double(fast_exp(m - m_new));
           m = m_new;
           zmax = cz;
         }
-        T cs = 0;
-        if (yr == nullptr) {
-          if (m != neg_inf<T>())
-            cs = in.template chunk_sum<T>(
-                len, [&](std::int64_t j) { return fast_exp(p.template transform<Capped>(to_compute(xc[j])) - m); });
-        } else {
-          T* yc = yr + j0;
-          if (m != neg_inf<T>()) {
-            cs = in.template chunk_sum<T>(len, [&](std::int64_t j) {
-              const T e = fast_exp(p.template transform<Capped>(to_compute(xc[j])) - m);
-              yc[j] = e;
-              return e;
-            });
-          } else {
-            in.for_each(len, [&](std::int64_t j) { yc[j] = T(0); });
-          }
-          chunk_max(i, j0 / chunk_cols) = m;
-        }
-        acc += double(cs);
+        acc += double(exp_sum(in, len, xc, yr == nullptr ? nullptr : yr + j0, m));
+        if (yr != nullptr) chunk_max(i, j0 / chunk_cols) = m;
       }
       s = T(acc);
     } else {
       zmax = in.template max<T>(a.n, [&](std::int64_t j) { return to_compute(x[j]); });
       m = p.template transform<Capped>(zmax);
-      s = 0;
-      if (yr == nullptr) {
-        if (m != neg_inf<T>())
-          s = in.template sum<T>(
-              a.n, [&](std::int64_t j) { return fast_exp(p.template transform<Capped>(to_compute(x[j])) - m); });
-      } else {
-        if (m != neg_inf<T>()) {
-          s = in.template sum<T>(a.n, [&](std::int64_t j) {
-            const T e = fast_exp(p.template transform<Capped>(to_compute(x[j])) - m);
-            yr[j] = e;
-            return e;
-          });
-        } else {
-          in.for_each(a.n, [&](std::int64_t j) { yr[j] = T(0); });
-        }
-        in.for_each(num_chunks(a.n), [&](std::int64_t k) { chunk_max(i, k) = m; });
-      }
+      s = exp_sum(in, a.n, x, yr, m);
+      if (yr != nullptr) in.for_each(num_chunks(a.n), [&](std::int64_t k) { chunk_max(i, k) = m; });
     }
     // +inf in the row (even when the softcap makes it finite) is marked like NaN: s = NaN.
     if (zmax == -neg_inf<T>()) s = zmax - zmax;
@@ -317,7 +335,9 @@ struct LocalSumGather {
     T s = 0;
     if (m == -neg_inf<T>()) {
       s = m - m;  // +inf somewhere in the row: NaN on every rank
-    } else if (m != neg_inf<T>()) {
+    } else if (m == neg_inf<T>()) {
+      s = in.template sum<T>(a.n, [&](std::int64_t j) { return nan_or_zero(to_compute(x[j])); });
+    } else {
       s = in.template sum<T>(
           a.n, [&](std::int64_t j) { return fast_exp(p.template transform<Capped>(to_compute(x[j])) - m); });
     }
@@ -424,8 +444,9 @@ struct Finalize {
       const T ka = gi * p.alpha * p.inv_vocab;        // smoothing term, every column
       const T kt = gi * (T(1) - p.alpha);              // target term
       const std::int64_t c = a.local_target(i);
-      // dx/dz at the target, read before the row (which may alias the logits) is overwritten.
-      const T chain_c = c >= 0 ? p.template chain<Capped>(p.template transform<Capped>(to_compute(x[c]))) : T(0);
+      // The target's x and dx/dz, read before the row (which may alias the logits) is overwritten.
+      const T xc = c >= 0 ? p.template transform<Capped>(to_compute(x[c])) : T(0);
+      const T chain_c = c >= 0 ? p.template chain<Capped>(xc) : T(0);
       in.barrier();
       if (What == Write::grad && !valid) {
         in.for_each(a.n, [&](std::int64_t j) { yr[j] = G(T(0)); });
@@ -445,7 +466,12 @@ struct Finalize {
       }
       in.barrier();
       if constexpr (What == Write::grad) {
-        if (c >= 0 && valid) in.single([&]() { yr[c] = G(T(yr[c]) - kt * chain_c); });
+        // The target's value formed in T and rounded once (a 16-bit G would otherwise round twice).
+        if constexpr (From == Source::logits) {
+          if (c >= 0 && valid) in.single([&]() { yr[c] = G(((fast_exp(xc - l) * kp - ka) - kt) * chain_c); });
+        } else {
+          if (c >= 0 && valid) in.single([&]() { yr[c] = G(T(yr[c]) - kt * chain_c); });
+        }
       } else {
         in.single([&]() { stash_target(i) = kt * chain_c; });
       }
@@ -475,7 +501,7 @@ struct BackwardFromStash {
     in.for_each(a.n, [&](std::int64_t j) { yr[j] = G(q[j] * gi); });
     const std::int64_t c = a.local_target(i);
     in.barrier();
-    if (c >= 0 && gi != T(0)) in.single([&]() { yr[c] = G(T(yr[c]) - gi * stash_target(i)); });
+    if (c >= 0 && gi != T(0)) in.single([&]() { yr[c] = G((q[c] - stash_target(i)) * gi); });
   }
 };
 
