@@ -1,9 +1,11 @@
-// vpce_perf: the benchmark without HDF5. Usage: mpirun -np R vpce_perf [tokens] [vocab] [float32|float64] [reps] [json]
+// vpce_perf: the benchmark without HDF5.
+// Usage: mpirun -np R vpce_perf [tokens] [vocab] [float32|float64|bfloat16|float16] [reps] [json] [only,prefixes]
 #include <Kokkos_Core.hpp>
 #include <mpi.h>
 
 #include <cstdio>
 #include <fstream>
+#include <algorithm>
 #include <string>
 
 #include "bench.hpp"
@@ -21,10 +23,18 @@ int main(int argc, char** argv) {
       if (argc > 2) cfg.vocab = std::stoll(argv[2]);
       if (argc > 3) cfg.dtype = argv[3];
       if (argc > 4) cfg.reps = std::stoi(argv[4]);
+      if (argc > 6) {
+        std::string only = argv[6];
+        for (std::size_t pos = 0; pos <= only.size();) {
+          const std::size_t comma = std::min(only.find(',', pos), only.size());
+          if (comma > pos) cfg.only.push_back(only.substr(pos, comma - pos));
+          pos = comma + 1;
+        }
+      }
       const auto recs = vpce::bench::run(comm, cfg);
       if (comm.rank() == 0) {
         std::printf("%s", vpce::bench::to_table(recs).c_str());
-        if (argc > 5) std::ofstream(argv[5]) << vpce::bench::to_json(recs);
+        if (argc > 5 && std::string(argv[5]) != "-") std::ofstream(argv[5]) << vpce::bench::to_json(recs);
       }
     } catch (const std::exception& e) {
       std::fprintf(stderr, "vpce_perf: %s\n", e.what());
