@@ -258,10 +258,12 @@ struct LocalStats {
     const Params<T>& p = a.p;
     const std::int64_t c = a.local_target(i);
     const T t = c >= 0 ? p.template transform<Capped>(to_compute(x[c])) : T(0);  // before y (may alias x) is written
+    // With label smoothing, the sum of x: chunk by chunk on the host (from L1, before the chunk may be
+    // overwritten), in a loop of its own on a device.
+    auto sum_of_x = [&](std::int64_t len, const S* xs) {
+      return in.template sum<T>(len, [&](std::int64_t j) { return p.template transform<Capped>(to_compute(xs[j])); });
+    };
     T sum_x = 0;
-    if (p.alpha > T(0))
-      sum_x = in.template sum<T>(a.n, [&](std::int64_t j) { return p.template transform<Capped>(to_compute(x[j])); });
-    in.barrier();
     T zmax, m, s;
     if constexpr (std::is_same_v<Inner, HostInner>) {
       zmax = neg_inf<T>();
@@ -278,11 +280,14 @@ struct LocalStats {
           m = m_new;
           zmax = cz;
         }
+        if (p.alpha > T(0)) sum_x += sum_of_x(len, xc);
         acc += double(exp_sum(in, len, xc, yr == nullptr ? nullptr : yr + j0, m));
         if (yr != nullptr) chunk_max(i, j0 / chunk_cols) = m;
       }
       s = T(acc);
     } else {
+      if (p.alpha > T(0)) sum_x = sum_of_x(a.n, x);
+      in.barrier();
       zmax = in.template max<T>(a.n, [&](std::int64_t j) { return to_compute(x[j]); });
       m = p.template transform<Capped>(zmax);
       s = exp_sum(in, a.n, x, yr, m);

@@ -10,6 +10,8 @@
 
 #include <Kokkos_Core.hpp>
 
+#include "vpce/impl/compat.hpp"
+
 #include <cstdint>
 #include <cstring>
 
@@ -76,12 +78,6 @@ KOKKOS_FORCEINLINE_FUNCTION float fast_tanh(float u) {
   return (u < 0.125f && u > -0.125f) ? small : big;
 }
 
-KOKKOS_FORCEINLINE_FUNCTION double fast_tanh(double u) {
-#if KOKKOS_VERSION >= 30700
-  return Kokkos::tanh(u);
-#else
-  return Kokkos::Experimental::tanh(u);
-#endif
-}
+KOKKOS_FORCEINLINE_FUNCTION double fast_tanh(double u) { return kmath::tanh(u); }
 
 }  // namespace vpce::impl
