@@ -1,8 +1,8 @@
 #include "bench.hpp"
 
-#include <Kokkos_Core.hpp>
 #include <mpi.h>
 
+#include <Kokkos_Core.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -208,9 +208,9 @@ std::string to_json(const std::vector<Record>& records) {
        << ", \"tokens\": " << r.tokens << ", \"vocab_local\": " << r.vocab_local << ", \"dtype\": \"" << r.dtype
        << "\", \"ms_median\": " << r.ms_median << ", \"ms_min\": " << r.ms_min << ", \"bytes\": " << r.bytes
        << ", \"gbps\": " << r.gbps << ", \"ratio_to_copy\": " << r.ratio_to_copy
-       << ", \"collective_ms\": " << r.collective_ms << ", \"backend\": \""
-       << Exec::name() << "\", \"kokkos_version\": " << KOKKOS_VERSION << ", \"vpce_version\": \""
-       << VPCE_VERSION_STRING << "\"}" << (k + 1 < records.size() ? "," : "") << "\n";
+       << ", \"collective_ms\": " << r.collective_ms << ", \"backend\": \"" << Exec::name()
+       << "\", \"kokkos_version\": " << KOKKOS_VERSION << ", \"vpce_version\": \"" << VPCE_VERSION_STRING << "\"}"
+       << (k + 1 < records.size() ? "," : "") << "\n";
   }
   os << "]\n";
   return os.str();
@@ -225,12 +225,12 @@ std::string to_table(const std::vector<Record>& records) {
                   records[0].dtype.c_str());
     os << line;
   }
-  std::snprintf(line, sizeof line, "%-36s %10s %10s %8s %8s %12s\n", "name", "ms(median)", "ms(min)", "GB/s",
-                "x copy", "MPI ms");
+  std::snprintf(line, sizeof line, "%-36s %10s %10s %8s %8s %12s\n", "name", "ms(median)", "ms(min)", "GB/s", "x copy",
+                "MPI ms");
   os << line;
   for (const auto& r : records) {
-    std::snprintf(line, sizeof line, "%-36s %10.2f %10.2f %8.2f %8.2f %12.3f\n", r.name.c_str(), r.ms_median,
-                  r.ms_min, r.gbps, r.ratio_to_copy, r.collective_ms);
+    std::snprintf(line, sizeof line, "%-36s %10.2f %10.2f %8.2f %8.2f %12.3f\n", r.name.c_str(), r.ms_median, r.ms_min,
+                  r.gbps, r.ratio_to_copy, r.collective_ms);
     os << line;
   }
   return os.str();

@@ -15,23 +15,23 @@ namespace vpce::bench {
 
 struct Config {
   std::int64_t tokens = 4096;
-  std::int64_t vocab = 65536;      ///< global vocabulary; split evenly over the ranks
-  std::string dtype = "float32";   ///< float32 | float64 | bfloat16 | float16 (logits and gradient)
-  int reps = 10;                   ///< timed repetitions (after one warm-up)
-  std::vector<std::string> only;   ///< if not empty: run only records whose name starts with one of these
+  std::int64_t vocab = 65536;     ///< global vocabulary; split evenly over the ranks
+  std::string dtype = "float32";  ///< float32 | float64 | bfloat16 | float16 (logits and gradient)
+  int reps = 10;                  ///< timed repetitions (after one warm-up)
+  std::vector<std::string> only;  ///< if not empty: run only records whose name starts with one of these
 };
 
 struct Record {
-  std::string name;        ///< e.g. copy, forward/fused/recompute, forward_backward/seed/stash, loss_and_grad/fused
+  std::string name;  ///< e.g. copy, forward/fused/recompute, forward_backward/seed/stash, loss_and_grad/fused
   int ranks = 1;
-  int threads = 1;         ///< Kokkos concurrency per rank
+  int threads = 1;  ///< Kokkos concurrency per rank
   std::int64_t tokens = 0;
   std::int64_t vocab_local = 0;  ///< the largest slice over the ranks
   std::string dtype;
-  double ms_median = 0;    ///< median over reps of the max over ranks
+  double ms_median = 0;  ///< median over reps of the max over ranks
   double ms_min = 0;
-  double bytes = 0;        ///< bytes the operation must move per rank (logits read, gradient/stash written, ...)
-  double gbps = 0;         ///< bytes / ms_median
+  double bytes = 0;          ///< bytes the operation must move per rank (logits read, gradient/stash written, ...)
+  double gbps = 0;           ///< bytes / ms_median
   double ratio_to_copy = 0;  ///< ms_median / the copy's ms_median
   double collective_ms = 0;  ///< median (slowest rank) time in vpce's collective regions; -1: not measured
 };

@@ -1,11 +1,11 @@
 // vpce_perf: the benchmark without HDF5.
 // Usage: mpirun -np R vpce_perf [tokens] [vocab] [float32|float64|bfloat16|float16] [reps] [json] [only,prefixes]
-#include <Kokkos_Core.hpp>
 #include <mpi.h>
 
+#include <Kokkos_Core.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
-#include <algorithm>
 #include <string>
 
 #include "bench.hpp"

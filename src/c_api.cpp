@@ -1,10 +1,9 @@
 // The C API: a handle holds a CrossEntropy on the host execution space, over unmanaged Views of the
 // caller's pointers.
-#include "vpce/vpce.h"
-
 #include <memory>
 #include <string>
 
+#include "vpce/vpce.h"
 #include "vpce/vpce.hpp"
 
 namespace {
@@ -58,13 +57,17 @@ struct Handle final : HandleBase {
   void backward(const void* grad_loss, double scale, void* grad) override {
     if constexpr (vpce::is_16bit_v<S>) {
       if (grad_16bit) {
-        if (grad_loss) ce.backward(grad_loss_view(n_rows, grad_loss), grad_view<S>(n_rows, grad));
-        else ce.backward(T(scale), grad_view<S>(n_rows, grad));
+        if (grad_loss)
+          ce.backward(grad_loss_view(n_rows, grad_loss), grad_view<S>(n_rows, grad));
+        else
+          ce.backward(T(scale), grad_view<S>(n_rows, grad));
         return;
       }
     }
-    if (grad_loss) ce.backward(grad_loss_view(n_rows, grad_loss), grad_view<T>(n_rows, grad));
-    else ce.backward(T(scale), grad_view<T>(n_rows, grad));
+    if (grad_loss)
+      ce.backward(grad_loss_view(n_rows, grad_loss), grad_view<T>(n_rows, grad));
+    else
+      ce.backward(T(scale), grad_view<T>(n_rows, grad));
   }
   void loss_and_grad(std::int64_t n, const void* logits, const std::int64_t* targets, void* loss, void* grad,
                      const void* grad_loss, double scale) override {
@@ -74,13 +77,17 @@ struct Handle final : HandleBase {
     n_rows = n;
     if constexpr (vpce::is_16bit_v<S>) {
       if (grad_16bit) {
-        if (grad_loss) ce.loss_and_grad(x, t, l, grad_view<S>(n, grad), grad_loss_view(n, grad_loss));
-        else ce.loss_and_grad(x, t, l, grad_view<S>(n, grad), T(scale));
+        if (grad_loss)
+          ce.loss_and_grad(x, t, l, grad_view<S>(n, grad), grad_loss_view(n, grad_loss));
+        else
+          ce.loss_and_grad(x, t, l, grad_view<S>(n, grad), T(scale));
         return;
       }
     }
-    if (grad_loss) ce.loss_and_grad(x, t, l, grad_view<T>(n, grad), grad_loss_view(n, grad_loss));
-    else ce.loss_and_grad(x, t, l, grad_view<T>(n, grad), T(scale));
+    if (grad_loss)
+      ce.loss_and_grad(x, t, l, grad_view<T>(n, grad), grad_loss_view(n, grad_loss));
+    else
+      ce.loss_and_grad(x, t, l, grad_view<T>(n, grad), T(scale));
   }
   void lse(void* out) const override {
     const auto v = ce.lse();
@@ -189,10 +196,18 @@ vpce_status vpce_create(MPI_Comm comm, int64_t local_vocab, vpce_dtype dtype, co
     const bool g16 = options && options->grad_in_logits_type;
     auto h = std::make_unique<vpce_handle_s>();
     switch (dtype) {
-      case VPCE_FLOAT32: h->impl = std::make_unique<Handle<float>>(c, local_vocab, opt, g16); break;
-      case VPCE_FLOAT64: h->impl = std::make_unique<Handle<double>>(c, local_vocab, opt, g16); break;
-      case VPCE_BFLOAT16: h->impl = std::make_unique<Handle<vpce::bfloat16>>(c, local_vocab, opt, g16); break;
-      case VPCE_FLOAT16: h->impl = std::make_unique<Handle<vpce::float16>>(c, local_vocab, opt, g16); break;
+      case VPCE_FLOAT32:
+        h->impl = std::make_unique<Handle<float>>(c, local_vocab, opt, g16);
+        break;
+      case VPCE_FLOAT64:
+        h->impl = std::make_unique<Handle<double>>(c, local_vocab, opt, g16);
+        break;
+      case VPCE_BFLOAT16:
+        h->impl = std::make_unique<Handle<vpce::bfloat16>>(c, local_vocab, opt, g16);
+        break;
+      case VPCE_FLOAT16:
+        h->impl = std::make_unique<Handle<vpce::float16>>(c, local_vocab, opt, g16);
+        break;
     }
     *handle = h.release();
   });

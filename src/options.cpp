@@ -1,13 +1,11 @@
 // Option names. The explicit instantiations are in cross_entropy_<type>.cpp (one per logits type, so that
 // they compile in parallel).
-#include "vpce/cross_entropy.hpp"
-
 #include <string>
 
+#include "vpce/cross_entropy.hpp"
 #include "vpce/error.hpp"
 
 namespace vpce {
-
 
 Strategy strategy_from_string(const std::string& s) {
   if (s == "fused") return Strategy::fused;

@@ -6,9 +6,9 @@
 #ifndef VPCE_ENABLE_GPU_AWARE_MPI
 #define VPCE_ENABLE_GPU_AWARE_MPI
 #endif
-#include <Kokkos_Core.hpp>
 #include <mpi.h>
 
+#include <Kokkos_Core.hpp>
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -53,7 +53,8 @@ int main(int argc, char** argv) {
         }
       }
       if (!(worst < 1e-12)) failed = 1;
-      if (comm.rank() == 0) std::printf("GPU-aware MPI path, seed strategy, label smoothing %.1f: max error %.2e\n", alpha, worst);
+      if (comm.rank() == 0)
+        std::printf("GPU-aware MPI path, seed strategy, label smoothing %.1f: max error %.2e\n", alpha, worst);
     }
   }
 #else

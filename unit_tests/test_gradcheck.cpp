@@ -39,59 +39,59 @@ TYPED_TEST(GradCheckTest, GradientMatchesFiniteDifferences) {
     // Without options, and with z-loss, a logit scale and a softcap small enough that the large logits
     // (down to -60 above) sit deep in tanh's saturation.
     for (int with_options = 0; with_options < 2; ++with_options)
-    for (auto strategy : {vpce::Strategy::fused, vpce::Strategy::seed}) {
-      vpce::Options opt;
-      opt.strategy = strategy;
-      opt.mode = vpce::Mode::stash_softmax;
-      if (with_options) {
-        opt.z_loss = 1e-2;
-        opt.logit_scale = 1.3;
-        opt.softcap = 3;
-      }
-      typename TypeParam::cross_entropy ce(this->comm, part, opt);
-      const std::string what = "V " + std::to_string(p.v) + ", " + describe(opt);
-      // Analytic, two ways.
-      const Outputs fused = run_path<TypeParam>(ce, in, Path::fused_view);
-      const Outputs backward = run_path<TypeParam>(ce, in, Path::forward_backward_view);
-      // Numeric: every rank runs forward() for every (i, j); the owner of column j perturbs x_ij.
-      auto x = Kokkos::create_mirror_view(in.x);
-      Kokkos::deep_copy(x, in.x);
-      auto loss = poisoned_vector<TypeParam>(p.n);
-      auto objective = [&]() {
-        Kokkos::deep_copy(in.x, x);
-        ce.forward(in.x, in.y, loss);
-        const auto l = to_host(loss);
-        double f = 0;
-        for (std::int64_t k = 0; k < p.n; ++k) f += p.g[k] * l[k];
-        return f;
-      };
-      std::vector<double> numeric(p.n * w, 0.0);
-      for (std::int64_t i = 0; i < p.n; ++i) {
-        for (std::int64_t j = 0; j < p.v; ++j) {
-          if (p.at(i, j) == -kInf) continue;  // no finite neighbourhood; the gradient there must be exactly 0
-          const bool mine = j >= part.begin() && j < part.end();
-          const std::int64_t c = j - part.begin();
-          const double x0 = p.at(i, j);
-          if (mine) x(i, c) = x0 + h;
-          const double f_plus = objective();
-          if (mine) x(i, c) = x0 - h;
-          const double f_minus = objective();
-          if (mine) {
-            x(i, c) = x0;
-            numeric[i * w + c] = (f_plus - f_minus) / (2 * h);
+      for (auto strategy : {vpce::Strategy::fused, vpce::Strategy::seed}) {
+        vpce::Options opt;
+        opt.strategy = strategy;
+        opt.mode = vpce::Mode::stash_softmax;
+        if (with_options) {
+          opt.z_loss = 1e-2;
+          opt.logit_scale = 1.3;
+          opt.softcap = 3;
+        }
+        typename TypeParam::cross_entropy ce(this->comm, part, opt);
+        const std::string what = "V " + std::to_string(p.v) + ", " + describe(opt);
+        // Analytic, two ways.
+        const Outputs fused = run_path<TypeParam>(ce, in, Path::fused_view);
+        const Outputs backward = run_path<TypeParam>(ce, in, Path::forward_backward_view);
+        // Numeric: every rank runs forward() for every (i, j); the owner of column j perturbs x_ij.
+        auto x = Kokkos::create_mirror_view(in.x);
+        Kokkos::deep_copy(x, in.x);
+        auto loss = poisoned_vector<TypeParam>(p.n);
+        auto objective = [&]() {
+          Kokkos::deep_copy(in.x, x);
+          ce.forward(in.x, in.y, loss);
+          const auto l = to_host(loss);
+          double f = 0;
+          for (std::int64_t k = 0; k < p.n; ++k) f += p.g[k] * l[k];
+          return f;
+        };
+        std::vector<double> numeric(p.n * w, 0.0);
+        for (std::int64_t i = 0; i < p.n; ++i) {
+          for (std::int64_t j = 0; j < p.v; ++j) {
+            if (p.at(i, j) == -kInf) continue;  // no finite neighbourhood; the gradient there must be exactly 0
+            const bool mine = j >= part.begin() && j < part.end();
+            const std::int64_t c = j - part.begin();
+            const double x0 = p.at(i, j);
+            if (mine) x(i, c) = x0 + h;
+            const double f_plus = objective();
+            if (mine) x(i, c) = x0 - h;
+            const double f_minus = objective();
+            if (mine) {
+              x(i, c) = x0;
+              numeric[i * w + c] = (f_plus - f_minus) / (2 * h);
+            }
           }
         }
+        Kokkos::deep_copy(in.x, x);
+        expect_allclose(fused.grad, numeric, tol, what + ": loss_and_grad vs finite differences", w);
+        expect_allclose(backward.grad, numeric, tol, what + ": backward vs finite differences", w);
+        // The numeric gradient is not trivially small: it has entries of size O(1) where the target is.
+        double biggest = 0;
+        for (double d : numeric) biggest = std::max(biggest, std::abs(d));
+        double global = 0;
+        MPI_Allreduce(&biggest, &global, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        EXPECT_GT(global, with_options ? 0.05 : 0.2) << what;  // the softcap damps the gradient
       }
-      Kokkos::deep_copy(in.x, x);
-      expect_allclose(fused.grad, numeric, tol, what + ": loss_and_grad vs finite differences", w);
-      expect_allclose(backward.grad, numeric, tol, what + ": backward vs finite differences", w);
-      // The numeric gradient is not trivially small: it has entries of size O(1) where the target is.
-      double biggest = 0;
-      for (double d : numeric) biggest = std::max(biggest, std::abs(d));
-      double global = 0;
-      MPI_Allreduce(&biggest, &global, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-      EXPECT_GT(global, with_options ? 0.05 : 0.2) << what;  // the softcap damps the gradient
-    }
   }
 }
 

@@ -1,10 +1,9 @@
 // Built against an installed vpce: one loss_and_grad call, checked against log(V) for equal logits.
-#include <Kokkos_Core.hpp>
 #include <mpi.h>
 
+#include <Kokkos_Core.hpp>
 #include <cmath>
 #include <cstdio>
-
 #include <vpce/vpce.hpp>
 
 int main(int argc, char** argv) {
@@ -21,8 +20,9 @@ int main(int argc, char** argv) {
     ce.loss_and_grad(x, t, loss, x);
     auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), loss);
     rc = std::abs(h(0) - std::log(1000.0)) < 1e-12 ? 0 : 1;
-    if (comm.rank() == 0) std::printf("consumer of vpce %s: loss %.12f, log V %.12f: %s\n", VPCE_VERSION_STRING, h(0),
-                                      std::log(1000.0), rc ? "FAILED" : "ok");
+    if (comm.rank() == 0)
+      std::printf("consumer of vpce %s: loss %.12f, log V %.12f: %s\n", VPCE_VERSION_STRING, h(0), std::log(1000.0),
+                  rc ? "FAILED" : "ok");
   }
   Kokkos::finalize();
   MPI_Finalize();

@@ -3,7 +3,6 @@
 /// \brief vpce::CrossEntropy: the vocab-parallel softmax cross-entropy loss and its gradient.
 
 #include <Kokkos_Core.hpp>
-
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -11,8 +10,8 @@
 #include <utility>
 
 #include "vpce/communicator.hpp"
-#include "vpce/error.hpp"
 #include "vpce/config.hpp"
+#include "vpce/error.hpp"
 #include "vpce/half.hpp"
 #include "vpce/impl/compat.hpp"
 #include "vpce/impl/kernels.hpp"

@@ -23,9 +23,9 @@ void check_mpi(int rc, const char* call, const char* file, int line);
 }  // namespace vpce
 
 /// Throws vpce::Error with the message and the source location when `cond` is true.
-#define VPCE_THROW_IF(cond, msg)                                       \
-  do {                                                                 \
-    if (cond) ::vpce::impl::throw_error((msg), __FILE__, __LINE__);    \
+#define VPCE_THROW_IF(cond, msg)                                    \
+  do {                                                              \
+    if (cond) ::vpce::impl::throw_error((msg), __FILE__, __LINE__); \
   } while (0)
 
 #define VPCE_MPI_CHECK(call) ::vpce::impl::check_mpi((call), #call, __FILE__, __LINE__)

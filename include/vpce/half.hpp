@@ -8,7 +8,6 @@
 /// can be shared by pointer. (Kokkos 3.4 has no bhalf_t, hence vpce's own types.)
 
 #include <Kokkos_Core.hpp>
-
 #include <cstdint>
 #include <cstring>
 

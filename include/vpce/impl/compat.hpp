@@ -3,7 +3,6 @@
 /// \brief The one place where Kokkos 3.4 and Kokkos 4.x/5.x differences are bridged.
 
 #include <Kokkos_Core.hpp>
-
 #include <string>
 #include <type_traits>
 
@@ -54,13 +53,13 @@ inline constexpr bool is_host_space_v =
 /// Where per-row records are staged for MPI: the View itself when its memory is host-accessible, else
 /// pinned host memory (CUDA) so that the copies are fast.
 template <class MemSpace>
-using staging_space_t = std::conditional_t<Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible,
-                                           Kokkos::HostSpace,
+using staging_space_t =
+    std::conditional_t<Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible, Kokkos::HostSpace,
 #if defined(KOKKOS_ENABLE_CUDA)
-                                           Kokkos::CudaHostPinnedSpace
+                       Kokkos::CudaHostPinnedSpace
 #else
-                                           Kokkos::HostSpace
+                       Kokkos::HostSpace
 #endif
-                                           >;
+                       >;
 
 }  // namespace vpce::impl

@@ -204,7 +204,8 @@ void CrossEntropy<Scalar, ExecSpace>::ensure_capacity(std::int64_t n, bool stash
     m_records = records_view(alloc("vpce::records"), n);
     m_records_host = Kokkos::create_mirror_view(staging(), m_records);
     m_lse = Kokkos::View<T*, memory_space>(alloc("vpce::lse"), n);
-    m_chunk_max = decltype(m_chunk_max)(alloc("vpce::chunk_max"), n, std::max<std::int64_t>(1, impl::num_chunks(m_part.local_size())));
+    m_chunk_max = decltype(m_chunk_max)(alloc("vpce::chunk_max"), n,
+                                        std::max<std::int64_t>(1, impl::num_chunks(m_part.local_size())));
   }
   if (m_opt.strategy == Strategy::seed && std::int64_t(m_seed.extent(0)) < n) {
     m_seed = seed_view(alloc("vpce::seed_stats"), n, 4);
@@ -237,10 +238,9 @@ void CrossEntropy<Scalar, ExecSpace>::reduce_loss(const loss_view& loss) {
 
 template <class Scalar, class ExecSpace>
 template <class G>
-void CrossEntropy<Scalar, ExecSpace>::run(const logits_view& logits, const targets_view& targets,
-                                          const loss_view& loss, Out out, G* grad, std::int64_t grad_rows,
-                                          std::int64_t grad_cols, std::int64_t ld_grad,
-                                          const grad_loss_view* grad_loss, T grad_scale) {
+void CrossEntropy<Scalar, ExecSpace>::run(const logits_view& logits, const targets_view& targets, const loss_view& loss,
+                                          Out out, G* grad, std::int64_t grad_rows, std::int64_t grad_cols,
+                                          std::int64_t ld_grad, const grad_loss_view* grad_loss, T grad_scale) {
   impl::ScopedRegion region("vpce::cross_entropy");
   const std::int64_t n_rows = targets.extent(0);
   const std::int64_t v_local = m_part.local_size();
@@ -257,8 +257,8 @@ void CrossEntropy<Scalar, ExecSpace>::run(const logits_view& logits, const targe
   } else if (out == Out::grad && (grad_rows != n_rows || grad_cols != v_local)) {
     err = "vpce: the gradient is " + impl::shape(grad_rows, grad_cols) + ", expected " + impl::shape(n_rows, v_local);
   } else if (out == Out::grad && grad_loss != nullptr && std::int64_t(grad_loss->extent(0)) != n_rows) {
-    err = "vpce: grad_loss has " + std::to_string(grad_loss->extent(0)) + " entries, expected " +
-          std::to_string(n_rows);
+    err =
+        "vpce: grad_loss has " + std::to_string(grad_loss->extent(0)) + " entries, expected " + std::to_string(n_rows);
   }
   std::int64_t checksum = 0;
   if (err.empty()) err = check_targets(targets, &checksum);
@@ -290,8 +290,8 @@ void CrossEntropy<Scalar, ExecSpace>::compute(const logits_view& logits, const t
                                               const loss_view& loss, Out out, G* y, std::int64_t ld_y,
                                               const impl::GradScale<T, memory_space>& g) {
   const std::int64_t n_rows = targets.extent(0);
-  impl::KernelArgs<Scalar, T, memory_space> args{logits.data(), std::int64_t(logits.stride(0)), m_part.local_size(),
-                                                 m_part.begin(), targets, params()};
+  impl::KernelArgs<Scalar, T, memory_space> args{
+      logits.data(), std::int64_t(logits.stride(0)), m_part.local_size(), m_part.begin(), targets, params()};
   const bool teams = use_teams();
   const MPI_Comm comm = m_comm.comm();
   // The fused strategy stores exp(x - m) in the output rows during the statistics and rescales it
@@ -310,9 +310,12 @@ void CrossEntropy<Scalar, ExecSpace>::compute(const logits_view& logits, const t
     using W = impl::Write;
     using S = impl::Source;
     auto with_source = [&](auto from) {
-      if (out == Out::grad) launch(std::integral_constant<W, W::grad>(), from);
-      else if (out == Out::stash) launch(std::integral_constant<W, W::stash>(), from);
-      else launch(std::integral_constant<W, W::loss>(), from);
+      if (out == Out::grad)
+        launch(std::integral_constant<W, W::grad>(), from);
+      else if (out == Out::stash)
+        launch(std::integral_constant<W, W::stash>(), from);
+      else
+        launch(std::integral_constant<W, W::loss>(), from);
     };
     if constexpr (can_store) {
       if (store) {
@@ -328,8 +331,8 @@ void CrossEntropy<Scalar, ExecSpace>::compute(const logits_view& logits, const t
     // logit (and, with label smoothing only, a SUM of the logit sums).
     {
       impl::ScopedRegion r("vpce::stats");
-      impl::for_rows("vpce::seed_max", m_exec, 0, n_rows,
-                     impl::LocalMax<Scalar, T, memory_space, Capped>{args, m_seed}, teams);
+      impl::for_rows("vpce::seed_max", m_exec, 0, n_rows, impl::LocalMax<Scalar, T, memory_space, Capped>{args, m_seed},
+                     teams);
     }
     auto column = [&](auto& v, int col) { return Kokkos::subview(v, std::make_pair(std::int64_t(0), n_rows), col); };
     // Built-in ops work on device buffers with a GPU-aware MPI; otherwise the column is staged on the host.
@@ -398,9 +401,9 @@ void CrossEntropy<Scalar, ExecSpace>::backward_impl(const grad_loss_view* grad_l
   const std::int64_t v_local = m_part.local_size();
   VPCE_THROW_IF(rows != n_rows || cols != v_local,
                 "the gradient is " + impl::shape(rows, cols) + ", expected " + impl::shape(n_rows, v_local));
-  VPCE_THROW_IF(grad_loss != nullptr && std::int64_t(grad_loss->extent(0)) != n_rows,
-                "grad_loss has " + std::to_string(grad_loss->extent(0)) + " entries, expected " +
-                    std::to_string(n_rows));
+  VPCE_THROW_IF(
+      grad_loss != nullptr && std::int64_t(grad_loss->extent(0)) != n_rows,
+      "grad_loss has " + std::to_string(grad_loss->extent(0)) + " entries, expected " + std::to_string(n_rows));
   std::string err;
   const auto g = grad_scale_for(grad_loss, grad_scale, &err);
   VPCE_THROW_IF(!err.empty(), err.substr(6));
@@ -419,13 +422,15 @@ void CrossEntropy<Scalar, ExecSpace>::backward_rows(const impl::GradScale<T, mem
                                                     std::int64_t ld_y) {
   const std::int64_t n_rows = m_saved_targets.extent(0);
   if (m_opt.mode == Mode::stash_softmax) {
-    impl::KernelArgs<T, T, memory_space> args{m_stash.data(), std::int64_t(m_stash.stride(0)), m_part.local_size(),
-                                              m_part.begin(), m_saved_targets, params()};
+    impl::KernelArgs<T, T, memory_space> args{m_stash.data(),      std::int64_t(m_stash.stride(0)),
+                                              m_part.local_size(), m_part.begin(),
+                                              m_saved_targets,     params()};
     impl::BackwardFromStash<T, G, memory_space> f{args, m_stash_target, y, ld_y, g};
     impl::for_rows("vpce::backward_stash", m_exec, 0, n_rows, f, use_teams());
   } else {
     impl::KernelArgs<Scalar, T, memory_space> args{m_saved_logits.data(), std::int64_t(m_saved_logits.stride(0)),
-                                                   m_part.local_size(), m_part.begin(), m_saved_targets, params()};
+                                                   m_part.local_size(),   m_part.begin(),
+                                                   m_saved_targets,       params()};
     impl::Finalize<Scalar, T, G, memory_space, impl::Write::grad, impl::Source::logits, Capped> f{
         args, m_records, loss_view(), m_lse, y, ld_y, g, m_chunk_max, m_stash_target, false};
     // The records hold the merged statistics of the last forward; lse is recomputed from them.

@@ -8,7 +8,6 @@
 /// the inner loops are plain strided-1 loops the compiler can vectorise.
 
 #include <Kokkos_Core.hpp>
-
 #include <cstdint>
 #include <limits>
 
@@ -140,8 +139,8 @@ void for_rows(const char* label, const ExecSpace& exec, std::int64_t row0, std::
   if (use_teams) {
     Kokkos::parallel_for(label, Kokkos::TeamPolicy<ExecSpace>(exec, static_cast<int>(row1 - row0), Kokkos::AUTO), d);
   } else {
-    Kokkos::parallel_for(
-        label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, row1 - row0), d);
+    Kokkos::parallel_for(label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, row1 - row0),
+                         d);
   }
 }
 
@@ -157,8 +156,8 @@ KOKKOS_FORCEINLINE_FUNCTION double to_compute(double v) { return v; }
 /// The options as the kernels use them (DESIGN.md section 1).
 template <class T>
 struct Params {
-  T scale = 1;      ///< logit_scale
-  T cap = 0;        ///< softcap (0: off)
+  T scale = 1;  ///< logit_scale
+  T cap = 0;    ///< softcap (0: off)
   T inv_cap = 0;
   T alpha = 0;      ///< label smoothing
   T zeta = 0;       ///< z-loss
@@ -372,7 +371,8 @@ TargetCheck check_targets(const ExecSpace& exec, const Kokkos::View<const std::i
   Kokkos::parallel_reduce(
       "vpce::checksum_targets", policy(exec, 0, n),
       KOKKOS_LAMBDA(std::int64_t i, std::uint64_t & acc) {
-        std::uint64_t h = static_cast<std::uint64_t>(targets(i)) * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(i);
+        std::uint64_t h =
+            static_cast<std::uint64_t>(targets(i)) * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(i);
         h ^= h >> 31;
         acc += h * 0xBF58476D1CE4E5B9ull;
       },
@@ -435,8 +435,8 @@ struct Finalize {
       const S* x = a.x + i * a.ld_x;
       const T gi = What == Write::stash ? T(1) : (valid ? g(i) : T(0));
       const T kp = gi * (T(1) + T(2) * p.zeta * l);  // coefficient of p_j
-      const T ka = gi * p.alpha * p.inv_vocab;        // smoothing term, every column
-      const T kt = gi * (T(1) - p.alpha);              // target term
+      const T ka = gi * p.alpha * p.inv_vocab;       // smoothing term, every column
+      const T kt = gi * (T(1) - p.alpha);            // target term
       const std::int64_t c = a.local_target(i);
       // The target's x and dx/dz, read before the row (which may alias the logits) is overwritten.
       const T xc = c >= 0 ? p.template transform<Capped>(to_compute(x[c])) : T(0);

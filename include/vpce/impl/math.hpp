@@ -9,18 +9,17 @@
 /// normal number are flushed to 0.
 
 #include <Kokkos_Core.hpp>
-
-#include "vpce/impl/compat.hpp"
-
 #include <cstdint>
 #include <cstring>
+
+#include "vpce/impl/compat.hpp"
 
 namespace vpce::impl {
 
 KOKKOS_FORCEINLINE_FUNCTION float fast_exp(float x) {
   constexpr float lo = -87.33654f;  // exp(lo) = 2^-126, the smallest normal float
-  constexpr float hi = 88.0f;  // keeps 2^n finite
-  float xc = x < lo ? lo : x;  // NaN passes through both clamps
+  constexpr float hi = 88.0f;       // keeps 2^n finite
+  float xc = x < lo ? lo : x;       // NaN passes through both clamps
   xc = xc > hi ? hi : xc;
   const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   float r = xc - n * 0.693145751953125f;

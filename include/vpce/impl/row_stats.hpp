@@ -3,7 +3,6 @@
 /// \brief The per-row record that travels in the collective, and its merge.
 
 #include <Kokkos_Core.hpp>
-
 #include <cmath>
 #include <type_traits>
 
