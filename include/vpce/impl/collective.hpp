@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "vpce/impl/kernels.hpp"
+#include "vpce/impl/row_stats.hpp"
 
 namespace vpce::impl {
 
