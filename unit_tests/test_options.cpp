@@ -89,6 +89,26 @@ auto ignore_rows(std::int64_t ignore) {
   };
 }
 
+/// A setting of the Options and the text the resulting error must contain.
+struct OptionCase {
+  const char* needle;
+  void (*set)(vpce::Options&);
+};
+
+/// For each case, the ranks where `apply` is true change the Options; building a CrossEntropy must then
+/// fail on every rank with the case's text; afterwards the ranks are still in step.
+template <class C, std::size_t N>
+void expect_constructor_errors(const vpce::Communicator& comm, const vpce::VocabPartition& part,
+                               const OptionCase (&cases)[N], bool apply) {
+  for (const auto& c : cases) {
+    vpce::Options opt;
+    if (apply) c.set(opt);
+    expect_error_on_all_ranks([&] { typename C::cross_entropy ce(comm, part, opt); }, c.needle);
+  }
+  typename C::cross_entropy ce(comm, part);
+  expect_in_step<C>(ce);
+}
+
 TYPED_TEST(OptionsTest, IgnoreIndexDefault) {
   vpce::Options opt;
   EXPECT_EQ(opt.ignore_index, -100);
@@ -219,11 +239,7 @@ TYPED_TEST(OptionsTest, PerRowGradLossNeedsReductionNone) {
 TYPED_TEST(OptionsTest, InvalidValues) {
   const auto part = vpce::VocabPartition::even(12, this->comm);
   const bool me = this->comm.rank() == this->comm.size() - 1;
-  struct Case {
-    const char* needle;
-    void (*set)(vpce::Options&);
-  };
-  const Case cases[] = {
+  const OptionCase cases[] = {
       {"Options::label_smoothing is -0.1", [](vpce::Options& o) { o.label_smoothing = -0.1; }},
       {"Options::label_smoothing is 1.5", [](vpce::Options& o) { o.label_smoothing = 1.5; }},
       {"Options::z_loss is -1", [](vpce::Options& o) { o.z_loss = -1; }},
@@ -231,13 +247,7 @@ TYPED_TEST(OptionsTest, InvalidValues) {
       {"Options::logit_scale is -2", [](vpce::Options& o) { o.logit_scale = -2; }},
       {"Options::softcap is -1", [](vpce::Options& o) { o.softcap = -1; }},
   };
-  for (const auto& c : cases) {
-    vpce::Options opt;
-    if (me) c.set(opt);
-    expect_error_on_all_ranks([&] { typename TestFixture::cross_entropy ce(this->comm, part, opt); }, c.needle);
-  }
-  typename TestFixture::cross_entropy ce(this->comm, part);
-  expect_in_step<TypeParam>(ce);
+  expect_constructor_errors<TypeParam>(this->comm, part, cases, me);
 }
 
 // Options differing between ranks (rank 0 differs): every rank throws naming the option.
@@ -245,11 +255,7 @@ TYPED_TEST(OptionsTest, DifferingBetweenRanks) {
   if (world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
   const auto part = vpce::VocabPartition::even(12, this->comm);
   const bool me = this->comm.rank() == 0;
-  struct Case {
-    const char* needle;
-    void (*set)(vpce::Options&);
-  };
-  const Case cases[] = {
+  const OptionCase cases[] = {
       {"Options::ignore_index differs between ranks", [](vpce::Options& o) { o.ignore_index = -1; }},
       {"Options::reduction differs between ranks", [](vpce::Options& o) { o.reduction = vpce::Reduction::mean; }},
       {"Options::label_smoothing (bits) differs between ranks", [](vpce::Options& o) { o.label_smoothing = 0.1; }},
@@ -257,13 +263,7 @@ TYPED_TEST(OptionsTest, DifferingBetweenRanks) {
       {"Options::logit_scale (bits) differs between ranks", [](vpce::Options& o) { o.logit_scale = 2; }},
       {"Options::softcap (bits) differs between ranks", [](vpce::Options& o) { o.softcap = 30; }},
   };
-  for (const auto& c : cases) {
-    vpce::Options opt;
-    if (me) c.set(opt);
-    expect_error_on_all_ranks([&] { typename TestFixture::cross_entropy ce(this->comm, part, opt); }, c.needle);
-  }
-  typename TestFixture::cross_entropy ce(this->comm, part);
-  expect_in_step<TypeParam>(ce);
+  expect_constructor_errors<TypeParam>(this->comm, part, cases, me);
 }
 
 // With a custom ignore_index, the default one (-100) is an ordinary out-of-range target.
