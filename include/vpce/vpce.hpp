@@ -7,5 +7,8 @@
 #include "vpce/cross_entropy.hpp"
 #include "vpce/error.hpp"
 #include "vpce/half.hpp"
+#if defined(VPCE_HAVE_KOKKOSKERNELS)
+#include "vpce/linear_cross_entropy.hpp"
+#endif
 #include "vpce/options.hpp"
 #include "vpce/partition.hpp"
