@@ -1,5 +1,6 @@
 #include "h5io.hpp"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "tool.hpp"
 #include "vpce/error.hpp"
 
 namespace vpce::tool {
@@ -17,7 +19,14 @@ void agree(const Communicator& comm, const std::string& local_error, bool tag_ra
   const int size = comm.size();
   int mine = local_error.empty() ? 0 : 1;
   std::vector<int> flags(size, 0);
-  VPCE_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_INT, flags.data(), 1, MPI_INT, comm.comm()));
+  // Non-blocking, so that a rank with an error waits a bounded time for the others: they may be stuck in a
+  // collective it left (an MPI-IO transfer that failed on this rank only), and then it ends the job.
+  MPI_Request request;
+  VPCE_MPI_CHECK(MPI_Iallgather(&mine, 1, MPI_INT, flags.data(), 1, MPI_INT, comm.comm(), &request));
+  if (mine)
+    wait_or_abort(&request, local_error, 1);
+  else
+    VPCE_MPI_CHECK(MPI_Wait(&request, MPI_STATUS_IGNORE));
   const auto first = std::find(flags.begin(), flags.end(), 1);
   if (first == flags.end()) return;
   const int root = static_cast<int>(first - flags.begin());
@@ -126,6 +135,15 @@ H5File H5File::open_read(const std::string& path, const Communicator& comm) {
     err = "vpce: " + path + ": " + (errno == ENOENT ? std::string("no such file") : std::strerror(errno));
   } else if (S_ISDIR(st.st_mode)) {
     err = "vpce: " + path + ": is a directory, not an HDF5 file";
+  } else if (!S_ISREG(st.st_mode)) {
+    // Opening a FIFO would wait for a writer forever; devices and sockets are no HDF5 files either.
+    err = "vpce: " + path + ": is " +
+          (S_ISFIFO(st.st_mode)   ? "a FIFO"
+           : S_ISCHR(st.st_mode)  ? "a character device"
+           : S_ISBLK(st.st_mode)  ? "a block device"
+           : S_ISSOCK(st.st_mode) ? "a socket"
+                                  : "not a regular file") +
+          ", not an HDF5 file";
   } else if (::access(path.c_str(), R_OK) != 0) {
     err = "vpce: " + path + ": cannot be read: " + std::strerror(errno);
   }
@@ -152,7 +170,10 @@ H5File H5File::create(const std::string& path, const Communicator& comm, const s
   if (!display.empty()) f.m_display = display;
   std::string err;
   H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
-  if (!fapl.valid() || H5Pset_fapl_mpio(fapl.get(), comm.comm(), MPI_INFO_NULL) < 0)
+  // All the metadata of the tool's files (a few KiB) in one block at the start of the file, before the data:
+  // reserve_space covers it.
+  if (!fapl.valid() || H5Pset_fapl_mpio(fapl.get(), comm.comm(), MPI_INFO_NULL) < 0 ||
+      H5Pset_meta_block_size(fapl.get(), 64 * 1024) < 0)
     err = with_detail("vpce: " + f.m_display + ": cannot set up MPI-IO file access");
   if (err.empty()) {
     f.m_file = H5Handle(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
@@ -182,6 +203,7 @@ DatasetInfo H5File::info(const std::string& name) const {
     return info;
   }
   H5Handle space(H5Dget_space(dset.get()), H5Sclose);
+  info.null_space = space.valid() && H5Sget_simple_extent_type(space.get()) == H5S_NULL;
   const int nd = space.valid() ? H5Sget_simple_extent_ndims(space.get()) : -1;
   if (nd > 0) {
     std::vector<hsize_t> d(nd);
@@ -396,6 +418,25 @@ void H5File::write_attribute(const std::string& name, const std::string& value, 
     err = with_detail("vpce: " + m_display + ": cannot write attribute " + name +
                       (object == "/" ? std::string() : " of " + object));
   agree(m_comm, err);
+}
+
+void H5File::reserve_space(std::int64_t bytes) {
+  std::string err;
+  const char* env = std::getenv("VPCE_TOOL_RESERVE");
+  if (bytes <= 0 || (env && std::string(env) == "0")) return;
+  if (m_comm.rank() == 0) {
+    const int fd = ::open(m_path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) {
+      err = "vpce: " + m_display + ": cannot open " + m_path + " to reserve its space: " + std::strerror(errno);
+    } else {
+      if (::fallocate(fd, 0, 0, static_cast<off_t>(bytes)) != 0 && errno != EOPNOTSUPP && errno != ENOSYS &&
+          errno != EINVAL)
+        err = "vpce: " + m_display + ": cannot reserve its " + std::to_string(static_cast<long long>(bytes)) +
+              " bytes on disk: " + std::strerror(errno);
+      ::close(fd);
+    }
+  }
+  agree(m_comm, err, false);
 }
 
 void H5File::close() {

@@ -52,7 +52,8 @@ class H5Handle {
 /// What a dataset holds, read from the file's metadata (no collective needed: every rank reads the same).
 struct DatasetInfo {
   bool exists = false;
-  std::vector<std::int64_t> dims;
+  std::vector<std::int64_t> dims;  ///< empty for a scalar or a null dataspace
+  bool null_space = false;         ///< a null dataspace (no elements, not even one: h5py.Empty)
   enum class Kind { floating, integer, other } kind = Kind::other;
   std::size_t type_size = 0;  ///< bytes per element
   std::string type_name;      ///< float32, float64, int64, uint8, string, ...
@@ -115,6 +116,15 @@ class H5File {
   /// A string attribute on the root group, or on the object `object` (e.g. a dataset, "/grad_logits"); the
   /// same value on every rank.
   void write_attribute(const std::string& name, const std::string& value, const std::string& object = "/");
+
+  /// Makes the file on disk `bytes` long (rank 0, fallocate), so that a full disk, a quota or a file-size limit
+  /// is found here, alike on every rank, before anything is allocated or written in the file: a transfer that
+  /// fails on some ranks only can leave HDF5 in states that differ between the ranks (the others then wait in a
+  /// collective), and closing a file whose allocated size cannot be written fails (and HDF5 1.10 may crash when
+  /// it terminates). Call it right after create() with the size the file will have (its metadata lies in the
+  /// first 64 KiB block). Nothing is done where the file system cannot reserve space, or with
+  /// VPCE_TOOL_RESERVE=0. Collective (error agreed).
+  void reserve_space(std::int64_t bytes);
 
   /// Closes the file on every rank and checks that it closed everywhere (data flushed).
   void close();

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,62 @@ void write_text_file(const Communicator& comm, const std::string& path, const st
 
 /// Prints on rank 0 only.
 void print0(const Communicator& comm, const std::string& text);
+
+/// An error message as the tool prints it: one line (newlines become spaces), "vpce: " in front, without the
+/// library's source locations ("[.../file.cpp:12]").
+std::string clean_message(std::string msg);
+
+/// The folder of a path ("." for a bare name).
+std::string folder_of(const std::string& path);
+
+/// Chooses MPI-IO defaults before MPI_Init (environment variables the user has set win). With Open MPI up to 5:
+/// ROMIO rather than OMPIO, whose shared-file-pointer components abort the process on a path of about 245
+/// characters or more ("buffer overflow detected"; open-mpi/ompi #13565, fixed in 2025) and leave helper files
+/// (NAME.data.0, NAME.metadata.0, NAME-*.loc) next to the files when a job is killed. Call it before MPI_Init.
+void set_mpi_io_defaults();
+
+/// Seconds a rank waits for the others before it gives up and ends the job (VPCE_ABORT_TIMEOUT, default 30).
+double abort_timeout();
+
+/// Waits for the non-blocking collective `request` of a rank that found an error (`message`): the others may be
+/// stuck in a collective this rank left (a transfer that failed on this rank only). After abort_timeout()
+/// seconds it prints the message with the rank, removes the temporary output (RemoveOnSignal's file) and
+/// calls MPI_Abort(code): the job ends, it never hangs.
+void wait_or_abort(MPI_Request* request, const std::string& message, int code);
+
+/// Bounds a clean-up that could wait forever (closing a parallel HDF5 file after a failed transfer): unless it
+/// is destroyed within `seconds`, it prints `message` on stderr (with the rank), removes `path` (if not empty)
+/// and ends the process with status 1, and mpiexec ends the job.
+class CleanupWatchdog {
+ public:
+  CleanupWatchdog(std::string message, std::string path, double seconds);
+  ~CleanupWatchdog();
+  CleanupWatchdog(const CleanupWatchdog&) = delete;
+  CleanupWatchdog& operator=(const CleanupWatchdog&) = delete;
+
+ private:
+  struct State;
+  std::unique_ptr<State> m_state;
+};
+
+// ------------------------------------------------------------------------------ a rank that dies (tests)
+
+/// The hidden test-only fault switch: with VPCE_TOOL_FAULT=kill:<rank>:<phase> in the environment, the process
+/// of rank <rank> (of MPI_COMM_WORLD) raises SIGKILL on itself when it reaches `phase` (fault.cpp lists them),
+/// so tests can check what a job with a dead rank does. Without the variable this costs one getenv.
+void fault_point(const char* phase);
+/// Checks VPCE_TOOL_FAULT's form (UsageError naming it if it is malformed; every rank sees the same value).
+void check_fault_setting();
+
+/// While alive, SIGTERM, SIGINT and SIGHUP (what mpiexec sends the surviving ranks when one rank dies, and
+/// Ctrl-C) first remove the file `path`, then take their usual course (default: the process ends). Not nested.
+class RemoveOnSignal {
+ public:
+  explicit RemoveOnSignal(const std::string& path);
+  ~RemoveOnSignal();
+  RemoveOnSignal(const RemoveOnSignal&) = delete;
+  RemoveOnSignal& operator=(const RemoveOnSignal&) = delete;
+};
 
 int cmd_demo(const Communicator& comm, const std::vector<std::string>& argv);
 int cmd_bench(const Communicator& comm, const std::vector<std::string>& argv);

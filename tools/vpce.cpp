@@ -1,299 +1,89 @@
 /// \file vpce.cpp
-/// \brief The `vpce` command-line tool: main, argument parsing, and `vpce loss`.
+/// \brief The `vpce` command-line tool: main, the command table, and `vpce loss`'s computation and output.
 
 #include "vpce/vpce.hpp"
 
 #include <H5public.h>
 #include <mpi.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <Kokkos_Core.hpp>
-#include <cctype>
 #include <cerrno>
-#include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <limits>
-#include <regex>
+#include <optional>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
 #include "h5io.hpp"
+#include "loss_input.hpp"
 #include "tool.hpp"
 
 namespace vpce::tool {
 
 namespace {
 
-const char* const program_help =
-    "vpce - vocab-parallel softmax cross-entropy (Megatron-LM's, on Kokkos + MPI)\n"
-    "\n"
-    "Usage: mpirun -n W vpce COMMAND [OPTIONS]\n"
-    "\n"
-    "Commands:\n"
-    "  loss    loss (and gradient) of the logits in an HDF5 file, the vocabulary split over the ranks\n"
-    "  bench   time the strategies and memory modes against a copy of the same logits\n"
-    "  demo    a realistic batch: check the strategies against each other and a float64 reference, then time them\n"
-    "\n"
-    "Options:\n"
-    "  -h, --help     this help ('vpce COMMAND --help' for a command's)\n"
-    "  --version      versions of vpce, Kokkos, HDF5 and MPI\n"
-    "\n"
-    "Kokkos options (--kokkos-num-threads=N, ...) are taken by Kokkos. Errors print one line on rank 0's stderr;\n"
-    "the exit status is 0 on success, 1 on an error, 2 on a bad command line, on every rank.\n";
+/// The commands: to add one, write its `int cmd_x(const Communicator&, const std::vector<std::string>& argv)`
+/// (argv: the arguments after the command's name) and add a line here; help and messages follow.
+struct Command {
+  const char* name;
+  int (*run)(const Communicator& comm, const std::vector<std::string>& argv);
+  const char* summary;
+};
 
-const char* const loss_help =
-    "Usage: mpirun -n W vpce loss --input IN.h5 --output OUT.h5 [--grad] [OPTIONS]\n"
-    "\n"
-    "Reads /logits (N x V) and /targets (N, int64; other integer types are converted) from IN.h5 with parallel\n"
-    "HDF5, each rank only its own columns of the logits. /logits is float32, float64, or 16-bit: uint16 bit\n"
-    "patterns with a string attribute dtype = \"bfloat16\" or \"float16\" (computed in float32). Writes OUT.h5:\n"
-    "  /loss         --reduction none: N per-token losses (0 for ignored tokens); sum or mean: 1 value, the\n"
-    "                reduced loss. float64 for float64 logits, else float32\n"
-    "  /grad_logits  with --grad, N x V: the gradient of the sum of the per-token losses (none), or of the\n"
-    "                reduced loss (sum, mean); its type: see --grad-dtype\n"
-    "  /lse          with --lse, N: each row's log-sum-exp over the whole vocabulary (of the transformed\n"
-    "                logits), in /loss's type\n"
-    "OUT.h5 is written under a temporary name in the same folder and renamed when complete; on an error it is\n"
-    "not created (an existing one is left as it was).\n"
-    "\n"
-    "Per token, with z its logits, x = S * z, then x = C * tanh(x / C) if C > 0 (a -inf logit stays -inf),\n"
-    "lse = log(sum_j exp(x_j)) over the whole vocabulary, t the target:\n"
-    "  loss = lse - (1 - A) * x_t - A * mean_j(x_j) + Z * lse^2        (0 if t is the ignore index)\n"
-    "  d/dz_j = (softmax_j * (1 + 2 Z lse) - (1 - A) [j = t] - A / V) * dx_j/dz_j    (0 if ignored)\n"
-    "with A, Z, S, C the values of --label-smoothing, --z-loss, --logit-scale, --softcap; the gradient is\n"
-    "divided by the number of tokens not ignored for --reduction mean. The same for any number of ranks,\n"
-    "partition, strategy and mode.\n"
-    "\n"
-    "Options:\n"
-    "  --input FILE          input HDF5 file (required)\n"
-    "  --output FILE         output HDF5 file (required)\n"
-    "  --grad                also write /grad_logits\n"
-    "  --grad-dtype D        /grad_logits' type (with --grad): float32 | logits: the logits' own type (16-bit\n"
-    "                        logits: uint16 bits with the same dtype attribute). Default: float32, float64 for\n"
-    "                        float64 logits (a float64 gradient written as float32 is rounded on the way)\n"
-    "  --lse                 also write /lse\n"
-    "  --reduction R         none (default) | sum: the sum of the per-token losses | mean: that sum divided by\n"
-    "                        the number of tokens not ignored (loss and gradient 0 if every token is ignored)\n"
-    "  --ignore-index I      tokens whose target is I get loss 0 and a zero gradient row and do not count in\n"
-    "                        the mean; default -100 (PyTorch's). Other targets must be in [0, V)\n"
-    "  --label-smoothing A   A in [0, 1], default 0: the target distribution is (1 - A) * one-hot + A / V over\n"
-    "                        the whole vocabulary (PyTorch's meaning)\n"
-    "  --z-loss Z            Z >= 0, default 0: adds Z * lse^2 to each token's loss (PaLM's z-loss)\n"
-    "  --logit-scale S       S > 0, default 1: the logits are multiplied by S first\n"
-    "  --softcap C           C >= 0, default 0 (off): soft-capping x = C * tanh(x / C) after the scale (Gemma's)\n"
-    "  --strategy S          fused (one all-reduce, default) | seed (Megatron-LM's three all-reduces)\n"
-    "  --mode M              fused: loss and gradient in one call (default) | stash: forward keeps the softmax,\n"
-    "                        then backward | recompute: forward keeps log-sum-exp, backward recomputes\n"
-    "                        (without --grad only the forward runs)\n"
-    "  --partition n0,n1,..  columns per rank (one size per rank, adding up to V; 0 is allowed);\n"
-    "                        default: even, the first V % W ranks get one column more\n"
-    "  --quiet               print nothing on success\n"
-    "  -h, --help            this help\n";
+int cmd_loss(const Communicator& comm, const std::vector<std::string>& argv);
 
-std::string clean_message(std::string msg) {
-  // Library messages carry their source location ("[.../file.cpp:12]"): useful in a debugger, noise here.
-  static const std::regex location(R"( \[[^\[\]]*:[0-9]+\])");
-  msg = std::regex_replace(msg, location, "");
-  for (auto& c : msg)
-    if (c == '\n' || c == '\r') c = ' ';
-  if (msg.rfind("vpce:", 0) != 0) msg = "vpce: " + msg;
-  return msg;
+const Command commands[] = {
+    {"loss", cmd_loss, "loss (and gradient) of the logits in an HDF5 file, the vocabulary split over the ranks"},
+    {"bench", cmd_bench, "time the strategies and memory modes against a copy of the same logits"},
+    {"demo", cmd_demo,
+     "a realistic batch: check the strategies against each other and a float64 reference, then time them"},
+};
+
+/// "loss, bench or demo"
+std::string command_list() {
+  std::string s;
+  const std::size_t count = sizeof commands / sizeof commands[0];
+  for (std::size_t k = 0; k < count; ++k)
+    s += (k == 0 ? "" : k + 1 == count ? " or " : ", ") + std::string(commands[k].name);
+  return s;
 }
 
-std::string dimensions(std::size_t n) { return std::to_string(n) + (n == 1 ? " dimension" : " dimensions"); }
-
-/// "has shape 6 x 23 x 1 (3 dimensions)", or "is a scalar".
-std::string shape_phrase(const std::vector<std::int64_t>& dims) {
-  if (dims.empty()) return "is a scalar";
-  return "has shape " + shape_string(dims) + " (" + dimensions(dims.size()) + ")";
+std::string program_help() {
+  std::string s =
+      "vpce - vocab-parallel softmax cross-entropy (Megatron-LM's, on Kokkos + MPI)\n"
+      "\n"
+      "Usage: mpirun -n W vpce COMMAND [OPTIONS]\n"
+      "\n"
+      "Commands:\n";
+  for (const auto& c : commands) {
+    std::string name = c.name;
+    name.resize(std::max<std::size_t>(name.size() + 2, 8), ' ');
+    s += "  " + name + c.summary + "\n";
+  }
+  s += "\n"
+       "Options:\n"
+       "  -h, --help     this help ('vpce COMMAND --help' for a command's)\n"
+       "  --version      versions of vpce, Kokkos, HDF5 and MPI\n"
+       "\n"
+       "Kokkos options (--kokkos-num-threads=N, ...) are taken by Kokkos. Errors print one line on rank 0's stderr;\n"
+       "the exit status is 0 on success, 1 on an error, 2 on a bad command line, on every rank. If a process dies\n"
+       "(killed, out of memory), mpiexec ends the job with a non-zero status and no output file appears.\n";
+  return s;
 }
 
 std::string strip_prefix(const std::string& msg) { return msg.rfind("vpce: ", 0) == 0 ? msg.substr(6) : msg; }
 
-std::string folder_of(const std::string& path) {
-  const auto slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
 }  // namespace
-
-// ------------------------------------------------------------------------------------------- arguments
-
-Args::Args(std::string command, std::vector<Spec> specs, const std::vector<std::string>& argv)
-    : m_command(std::move(command)) {
-  // Help wins over anything else on the line (even a mistake in it).
-  for (const auto& a : argv)
-    if (a == "-h" || a == "--help") m_help = true;
-  if (m_help) return;
-  for (std::size_t k = 0; k < argv.size(); ++k) {
-    const std::string& a = argv[k];
-    if (a.rfind("--kokkos-", 0) == 0) continue;  // Kokkos' own (older Kokkos leave them in argv)
-    if (a.size() < 3 || a.rfind("--", 0) != 0) usage_error("unexpected argument '" + a + "'");
-    std::string name = a.substr(2), value;
-    bool inline_value = false;
-    if (const auto eq = name.find('='); eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-      inline_value = true;
-    }
-    const Spec* spec = nullptr;
-    for (const auto& s : specs)
-      if (s.name == name) spec = &s;
-    if (!spec) usage_error("unknown option '--" + name + "'");
-    if (spec->takes_value && !inline_value) {
-      if (k + 1 >= argv.size() || (argv[k + 1].rfind("--", 0) == 0 && argv[k + 1].size() > 2))
-        usage_error("option --" + name + " needs a value");
-      value = argv[++k];
-    } else if (!spec->takes_value && inline_value) {
-      usage_error("option --" + name + " takes no value");
-    }
-    if (spec->takes_value && value.empty()) usage_error("option --" + name + " needs a value");
-    m_values[name] = value;
-  }
-}
-
-void Args::usage_error(const std::string& what) const {
-  throw UsageError("vpce: " + m_command + ": " + what + " (see 'vpce " + m_command + " --help')");
-}
-
-std::string Args::get(const std::string& name, const std::string& fallback) const {
-  const auto it = m_values.find(name);
-  return it == m_values.end() ? fallback : it->second;
-}
-
-std::string Args::required(const std::string& name) const {
-  if (!has(name)) usage_error("option --" + name + " is required");
-  return get(name);
-}
-
-std::int64_t Args::get_int(const std::string& name, std::int64_t fallback, std::int64_t min, std::int64_t max) const {
-  if (!has(name)) return fallback;
-  const std::string v = get(name);
-  errno = 0;
-  char* end = nullptr;
-  const long long x = std::strtoll(v.c_str(), &end, 10);
-  if (end == v.c_str() || *end != '\0' || errno == ERANGE) usage_error("--" + name + " " + v + ": not an integer");
-  if (x < min || x > max)
-    usage_error("--" + name + " " + v + ": must be in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
-  return x;
-}
-
-double Args::get_double(const std::string& name, double fallback) const {
-  if (!has(name)) return fallback;
-  const std::string v = get(name);
-  errno = 0;
-  char* end = nullptr;
-  const double x = std::strtod(v.c_str(), &end);
-  if (end == v.c_str() || *end != '\0' || std::isspace(static_cast<unsigned char>(v[0])))
-    usage_error("--" + name + " " + v + ": not a number");
-  if (errno == ERANGE && std::isinf(x)) usage_error("--" + name + " " + v + ": out of range");
-  return x;
-}
-
-std::string Args::get_choice(const std::string& name, const std::string& fallback,
-                             const std::vector<std::string>& choices) const {
-  const std::string v = get(name, fallback);
-  std::string list;
-  for (const auto& c : choices) {
-    if (c == v) return v;
-    list += (list.empty() ? "" : " | ") + c;
-  }
-  usage_error("--" + name + " " + v + ": expected " + list);
-}
-
-// --------------------------------------------------------------------------------------------- helpers
-
-void print0(const Communicator& comm, const std::string& text) {
-  if (comm.rank() == 0) {
-    std::fputs(text.c_str(), stdout);
-    std::fflush(stdout);
-  }
-}
-
-void check_writable(const Communicator& comm, const std::string& path, const std::string& what) {
-  std::string err;
-  if (comm.rank() == 0) {
-    const std::string dir = folder_of(path);
-    struct stat st {};
-    if (path.empty() || path.back() == '/') {
-      err = "vpce: " + what + " '" + path + "' is not a file name";
-    } else if (::stat(dir.c_str(), &st) != 0) {
-      err = "vpce: " + path + ": cannot write the " + what + ": folder " + dir + ": " + std::strerror(errno);
-    } else if (!S_ISDIR(st.st_mode)) {
-      err = "vpce: " + path + ": cannot write the " + what + ": " + dir + " is not a folder";
-    } else if (::access(dir.c_str(), W_OK | X_OK) != 0) {
-      err = "vpce: " + path + ": cannot write the " + what + ": folder " + dir + ": " + std::strerror(errno);
-    } else if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-      err = "vpce: " + path + ": cannot write the " + what + ": it is a folder";
-    }
-  }
-  agree(comm, err, false);
-}
-
-void write_text_file(const Communicator& comm, const std::string& path, const std::string& text) {
-  std::string err;
-  if (comm.rank() == 0) {
-    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-    std::FILE* f = std::fopen(tmp.c_str(), "w");
-    if (!f) {
-      err = "vpce: " + path + ": cannot create " + tmp + ": " + std::strerror(errno);
-    } else {
-      const bool wrote = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-      const bool closed = std::fclose(f) == 0;
-      if (!wrote || !closed)
-        err = "vpce: " + path + ": writing " + tmp + " failed: " + std::strerror(errno);
-      else if (std::rename(tmp.c_str(), path.c_str()) != 0)
-        err = "vpce: " + path + ": cannot rename " + tmp + " to it: " + std::strerror(errno);
-      if (!err.empty()) std::remove(tmp.c_str());
-    }
-  }
-  agree(comm, err, false);
-}
 
 // ------------------------------------------------------------------------------------------------ loss
 
 namespace {
-
-struct LossConfig {
-  std::string input, output;
-  bool grad = false;
-  bool lse = false;
-  Strategy strategy = Strategy::fused;
-  std::string mode = "fused";  // fused | stash | recompute
-  std::string grad_dtype;      // "" (the compute type) | float32 | logits
-  bool quiet = false;
-  bool have_partition = false;
-  std::vector<std::int64_t> partition;
-  // The library's training options (vpce::Options).
-  std::int64_t ignore_index = -100;
-  Reduction reduction = Reduction::none;
-  double label_smoothing = 0, z_loss = 0, logit_scale = 1, softcap = 0;
-};
-
-std::vector<std::int64_t> parse_partition(const Args& args, const std::string& text) {
-  std::vector<std::int64_t> sizes;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    char* end = nullptr;
-    errno = 0;
-    const long long v = std::strtoll(item.c_str(), &end, 10);
-    if (item.empty() || end == item.c_str() || *end != '\0' || errno == ERANGE || v < 0)
-      args.usage_error("--partition " + text + ": '" + item + "' is not a column count (an integer >= 0)");
-    sizes.push_back(v);
-  }
-  if (!text.empty() && text.back() == ',') args.usage_error("--partition " + text + ": a size is missing at the end");
-  return sizes;
-}
 
 /// Shortest text that reads back as the same double ("0.1", "1e-05").
 std::string number_text(double x) {
@@ -360,16 +150,27 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, std::
   Kokkos::View<T*, mem> loss, lse;
   auto alloc = [](const char* label) { return Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)); };
   collectively(comm, [&] {
-    logits = Matrix(alloc("vpce::tool::logits"), n, vl);
-    targets = decltype(targets)(alloc("vpce::tool::targets"), n);
-    loss = decltype(loss)(alloc("vpce::tool::loss"), n);
-    if (cfg.lse) lse = decltype(lse)(alloc("vpce::tool::lse"), n);
-    if (cfg.grad && in_place) {
-      grad_s = logits;
-    } else if (cfg.grad && grad_in_storage) {
-      grad_s = Matrix(alloc("vpce::tool::grad"), n, vl);
-    } else if (cfg.grad) {
-      grad_t = GradMatrix(alloc("vpce::tool::grad"), n, vl);
+    try {
+      logits = Matrix(alloc("vpce::tool::logits"), n, vl);
+      targets = decltype(targets)(alloc("vpce::tool::targets"), n);
+      loss = decltype(loss)(alloc("vpce::tool::loss"), n);
+      if (cfg.lse) lse = decltype(lse)(alloc("vpce::tool::lse"), n);
+      if (cfg.grad && in_place) {
+        grad_s = logits;
+      } else if (cfg.grad && grad_in_storage) {
+        grad_s = Matrix(alloc("vpce::tool::grad"), n, vl);
+      } else if (cfg.grad) {
+        grad_t = GradMatrix(alloc("vpce::tool::grad"), n, vl);
+      }
+    } catch (const std::exception&) {
+      // Kokkos' message is a paragraph: say what did not fit instead.
+      const double bytes = double(n) * double(vl) * double(sizeof(Scalar) + (cfg.grad && !in_place ? sizeof(T) : 0)) +
+                           double(n) * 8 * (cfg.lse ? 3 : 2);
+      std::ostringstream msg;
+      msg.precision(3);
+      msg << "vpce: " << cfg.input << ": not enough memory for this rank's " << n << " x " << vl << " logits"
+          << (cfg.grad ? " and their gradient" : "") << " (" << bytes / double(1 << 30) << " GiB)";
+      throw Error(msg.str());
     }
   });
 
@@ -380,15 +181,8 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, std::
     in.read_columns<FileElem>("/logits", n, part.begin(), vl, max_vl, reinterpret_cast<FileElem*>(h_logits.data()));
     in.read_all<std::int64_t>("/targets", n, h_targets.data());
     in.close();
-    std::string err;
-    for (std::int64_t i = 0; i < n && err.empty(); ++i) {
-      const std::int64_t t = h_targets(i);
-      if ((t < 0 || t >= v) && t != cfg.ignore_index)
-        err = "vpce: " + cfg.input + ": dataset /targets: entry " + std::to_string(i) + " is " + std::to_string(t) +
-              ", outside the vocabulary [0, " + std::to_string(v) + ") and not the --ignore-index (" +
-              std::to_string(cfg.ignore_index) + ")";
-    }
-    agree(comm, err);
+    fault_point("read");
+    agree(comm, targets_error(cfg.input, h_targets.data(), n, v, cfg.ignore_index));
     Kokkos::deep_copy(logits, h_logits);
     Kokkos::deep_copy(targets, h_targets);
   }
@@ -396,6 +190,7 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, std::
   // Compute. Library errors (NaN logits, ...) are the same on every rank; name the input file in them.
   double reduced_loss = 0;
   std::int64_t n_valid = 0;
+  fault_point("collective");
   collectively(comm, [&] {
     try {
       Options opt;
@@ -449,8 +244,22 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, std::
   long long pid = ::getpid();
   VPCE_MPI_CHECK(MPI_Bcast(&pid, 1, MPI_LONG_LONG, 0, comm.comm()));
   const std::string tmp = cfg.output + ".tmp." + std::to_string(pid);
+  // If the job is ended by a signal (mpiexec terminates the other ranks when one dies), the ranks still alive
+  // remove the temporary file: a killed job leaves neither OUT.h5 nor OUT.h5.tmp.* (unless every rank is
+  // killed outright).
+  const RemoveOnSignal remove_on_signal(tmp);
+  std::optional<H5File> out_file;
   try {
-    H5File out = H5File::create(tmp, comm, cfg.output);
+    out_file.emplace(H5File::create(tmp, comm, cfg.output));
+    H5File& out = *out_file;
+    // A full disk is found here, before anything is allocated in the file: the metadata block, the datasets, and
+    // room for the small-data block and rounding.
+    const std::int64_t grad_elem = !cfg.grad         ? 0
+                                   : grad_in_storage ? std::int64_t(sizeof(Scalar))
+                                   : grad_as_float32 ? 4
+                                                     : std::int64_t(sizeof(T));
+    out.reserve_space(64 * 1024 + (reduced ? 1 : n) * std::int64_t(sizeof(T)) + n * v * grad_elem +
+                      (cfg.lse ? n * std::int64_t(sizeof(T)) : 0) + 64 * 1024);
     out.create_dataset("/loss", {reduced ? 1 : n}, little_endian_type<T>());
     if (cfg.grad) {
       const hid_t type = grad_in_storage   ? little_endian_type<Scalar>()
@@ -486,14 +295,32 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, std::
     } else if (cfg.grad) {
       out.write_columns<T>("/grad_logits", n, part.begin(), vl, max_vl, h_grad_t.data());
     }
+    fault_point("write");
     out.close();
+    fault_point("rename");
+    // The commit: rank 0 renames only once every rank has closed the file and is still there to say so (a rank
+    // that died before this point leaves the others waiting here until mpiexec ends the job: no OUT.h5).
+    agree(comm, std::string(), false);
     std::string err;
     if (comm.rank() == 0 && std::rename(tmp.c_str(), cfg.output.c_str()) != 0)
       err = "vpce: " + cfg.output + ": cannot rename " + tmp + " to it: " + std::strerror(errno);
     agree(comm, err, false);
   } catch (...) {
-    // Every rank gets here together (errors are agreed) and has closed the file: remove it once.
-    MPI_Barrier(comm.comm());
+    // Every rank gets here together (errors are agreed). Closing the file is collective, and a transfer that
+    // failed on some ranks only can leave HDF5 in states that differ between the ranks, so that the close never
+    // ends: the watchdog bounds it (it removes the file and ends the job).
+    std::string what = "vpce: " + cfg.output + ": writing failed";
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    {
+      const CleanupWatchdog watchdog(what, tmp, abort_timeout());
+      out_file.reset();
+      MPI_Barrier(comm.comm());
+    }
     if (comm.rank() == 0) std::remove(tmp.c_str());
     throw;
   }
@@ -514,137 +341,24 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, std::
   }
 }
 
-/// What /logits holds; an empty string in `err` if it is usable.
-enum class LogitsType { float32, float64, bfloat16, float16 };
-
-LogitsType logits_type(const H5File& in, const DatasetInfo& li, std::string* err) {
-  const std::string file = in.display_name();
-  const std::string expected =
-      "expected float32 or float64, or uint16 bits with a string attribute dtype = \"bfloat16\" or \"float16\"";
-  if (li.kind == DatasetInfo::Kind::floating && li.type_size == 4) return LogitsType::float32;
-  if (li.kind == DatasetInfo::Kind::floating && li.type_size == 8) return LogitsType::float64;
-  if (li.type_name != "uint16") {
-    *err = "vpce: " + file + ": dataset /logits has type " + li.type_name + "; " + expected;
-    return LogitsType::float32;
-  }
-  const AttributeInfo a = in.attribute("/logits", "dtype");
-  if (!a.exists) {
-    *err = "vpce: " + file +
-           ": dataset /logits is uint16 but has no attribute dtype; expected dtype = \"bfloat16\" "
-           "or \"float16\" (16-bit logits), or float32 or float64 logits";
-  } else if (!a.is_string) {
-    *err = "vpce: " + file + ": dataset /logits (uint16): attribute dtype is " + a.type_name +
-           ", not a string; expected \"bfloat16\" or \"float16\"";
-  } else if (a.value == "bfloat16") {
-    return LogitsType::bfloat16;
-  } else if (a.value == "float16") {
-    return LogitsType::float16;
-  } else {
-    *err = "vpce: " + file + ": dataset /logits (uint16): attribute dtype is \"" + a.value +
-           "\"; expected \"bfloat16\" or \"float16\"";
-  }
-  return LogitsType::float32;
-}
-
 int cmd_loss(const Communicator& comm, const std::vector<std::string>& argv) {
-  Args args("loss",
-            {{"input", true},
-             {"output", true},
-             {"grad", false},
-             {"grad-dtype", true},
-             {"lse", false},
-             {"strategy", true},
-             {"mode", true},
-             {"partition", true},
-             {"ignore-index", true},
-             {"reduction", true},
-             {"label-smoothing", true},
-             {"z-loss", true},
-             {"logit-scale", true},
-             {"softcap", true},
-             {"quiet", false}},
-            argv);
-  if (args.help()) {
+  const LossConfig cfg = parse_loss_args(argv, comm.size());
+  if (cfg.help) {
     print0(comm, loss_help);
     return 0;
   }
-  LossConfig cfg;
-  cfg.input = args.required("input");
-  cfg.output = args.required("output");
-  cfg.grad = args.has("grad");
-  cfg.lse = args.has("lse");
-  cfg.strategy = args.get_choice("strategy", "fused", {"fused", "seed"}) == "seed" ? Strategy::seed : Strategy::fused;
-  cfg.mode = args.get_choice("mode", "fused", {"fused", "stash", "recompute"});
-  if (args.has("grad-dtype")) {
-    cfg.grad_dtype = args.get_choice("grad-dtype", "", {"float32", "logits"});
-    if (!cfg.grad) args.usage_error("--grad-dtype " + cfg.grad_dtype + " needs --grad");
-  }
-  cfg.quiet = args.has("quiet");
-  cfg.ignore_index = args.get_int("ignore-index", -100, std::numeric_limits<std::int64_t>::min(),
-                                  std::numeric_limits<std::int64_t>::max());
-  const std::string reduction = args.get_choice("reduction", "none", {"none", "sum", "mean"});
-  cfg.reduction = reduction == "sum" ? Reduction::sum : reduction == "mean" ? Reduction::mean : Reduction::none;
-  // The library checks these too (vpce::Error on every rank); here they are command-line errors.
-  auto real = [&](const char* name, double fallback, bool ok(double), const char* want) {
-    const double x = args.get_double(name, fallback);
-    if (!ok(x)) args.usage_error(std::string("--") + name + " " + args.get(name) + ": must be " + want);
-    return x;
-  };
-  cfg.label_smoothing = real(
-      "label-smoothing", 0, [](double x) { return x >= 0 && x <= 1; }, "in [0, 1]");
-  cfg.z_loss = real(
-      "z-loss", 0, [](double x) { return std::isfinite(x) && x >= 0; }, "a finite number >= 0");
-  cfg.logit_scale = real(
-      "logit-scale", 1, [](double x) { return std::isfinite(x) && x > 0; }, "a finite number > 0");
-  cfg.softcap = real(
-      "softcap", 0, [](double x) { return std::isfinite(x) && x >= 0; }, "a finite number >= 0 (0: off)");
-  if (args.has("partition")) {
-    cfg.have_partition = true;
-    cfg.partition = parse_partition(args, args.get("partition"));
-    if (static_cast<int>(cfg.partition.size()) != comm.size())
-      args.usage_error("--partition " + args.get("partition") + " gives " + std::to_string(cfg.partition.size()) +
-                       " sizes but there are " + std::to_string(comm.size()) + " ranks");
-  }
-
+  check_fault_setting();
   check_writable(comm, cfg.output, "output");
   H5File in = H5File::open_read(cfg.input, comm);
-
-  // Metadata checks: every rank reads the same metadata; the decision is agreed all the same.
-  const DatasetInfo li = in.info("/logits");
-  const DatasetInfo ti = in.info("/targets");
-  const std::string file = cfg.input;
-  std::string err;
-  auto check = [&](bool bad, const std::string& what) {
-    if (err.empty() && bad) err = "vpce: " + file + ": " + what;
-  };
-  check(!li.exists, "no dataset /logits (expected N x V float32, float64 or 16-bit logits)");
-  check(li.exists && li.type_name == "not a dataset", "/logits is not a dataset");
-  check(li.dims.size() != 2,
-        "dataset /logits " + shape_phrase(li.dims) + "; expected 2 dimensions (tokens x vocabulary)");
-  LogitsType type = LogitsType::float32;
-  if (err.empty()) type = logits_type(in, li, &err);
-  check(li.dims.size() == 2 && li.dims[1] == 0, "dataset /logits has 0 columns; the vocabulary must not be empty");
-  check(!ti.exists, "no dataset /targets (expected N int64 target ids)");
-  check(ti.exists && ti.type_name == "not a dataset", "/targets is not a dataset");
-  check(ti.dims.size() != 1,
-        "dataset /targets " + shape_phrase(ti.dims) + "; expected 1 dimension (one target per token)");
-  check(ti.kind != DatasetInfo::Kind::integer, "dataset /targets has type " + ti.type_name + "; expected int64");
-  check(ti.dims.size() == 1 && li.dims.size() == 2 && ti.dims[0] != li.dims[0],
-        "dataset /targets has " + std::to_string(ti.dims.empty() ? 0 : ti.dims[0]) + " entries but /logits has " +
-            std::to_string(li.dims.empty() ? 0 : li.dims[0]) + " rows");
-  agree(comm, err);
-  const std::int64_t n = li.dims[0], v = li.dims[1];
-
-  if (cfg.have_partition) {
-    std::int64_t sum = 0;
-    for (auto s : cfg.partition) sum += s;
-    if (sum != v)
-      args.usage_error("--partition " + args.get("partition") + " adds up to " + std::to_string(sum) +
-                       " columns but dataset /logits in " + file + " has " + std::to_string(v));
-  }
+  const LossInput input = check_loss_input(comm, in, cfg);
+  const std::int64_t n = input.n, v = input.v;
   const VocabPartition part =
       cfg.have_partition ? VocabPartition::from_sizes(cfg.partition, comm, v) : VocabPartition::even(v, comm);
+  std::int64_t max_vl = 0;
+  for (int r = 0; r < comm.size(); ++r) max_vl = std::max(max_vl, part.local_size(r));
+  agree(comm, size_error(cfg.input, n, v, max_vl, element_size(input.type)), false);
 
+  const LogitsType type = input.type;
   switch (type) {
     case LogitsType::float32:
       run_loss<float>(comm, cfg, in, n, v, part);
@@ -684,22 +398,21 @@ int run(int argc, char** argv) {
   std::vector<std::string> args;
   for (int k = 1; k < argc; ++k)
     if (std::string(argv[k]).rfind("--kokkos-", 0) != 0) args.emplace_back(argv[k]);
-  if (args.empty()) throw UsageError("vpce: no command given (expected loss, bench or demo; see 'vpce --help')");
+  if (args.empty()) throw UsageError("vpce: no command given (expected " + command_list() + "; see 'vpce --help')");
   const std::string cmd = args[0];
   const std::vector<std::string> rest(args.begin() + 1, args.end());
   if (cmd == "-h" || cmd == "--help" || cmd == "help") {
-    print0(comm, program_help);
+    print0(comm, program_help());
     return 0;
   }
   if (cmd == "--version" || cmd == "-V" || cmd == "version") {
     print0(comm, version_text());
     return 0;
   }
-  if (cmd == "loss") return cmd_loss(comm, rest);
-  if (cmd == "bench") return cmd_bench(comm, rest);
-  if (cmd == "demo") return cmd_demo(comm, rest);
+  for (const auto& c : commands)
+    if (cmd == c.name) return c.run(comm, rest);
   if (cmd.rfind("-", 0) == 0) throw UsageError("vpce: unknown option '" + cmd + "' (see 'vpce --help')");
-  throw UsageError("vpce: unknown command '" + cmd + "' (expected loss, bench or demo; see 'vpce --help')");
+  throw UsageError("vpce: unknown command '" + cmd + "' (expected " + command_list() + "; see 'vpce --help')");
 }
 
 /// Agrees on the exit status over every rank and prints the first failing rank's message on rank 0. A rank
@@ -716,21 +429,7 @@ int finish(MPI_Comm comm, int code, const std::string& message) {
   if (code == 0) {
     MPI_Wait(&req, MPI_STATUS_IGNORE);
   } else {
-    double timeout = 30;
-    if (const char* env = std::getenv("VPCE_ABORT_TIMEOUT")) timeout = std::atof(env);
-    const auto start = std::chrono::steady_clock::now();
-    int done = 0;
-    while (true) {
-      MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-      if (done) break;
-      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout) {
-        std::fprintf(stderr, "%s (rank %d; the other ranks did not stop: aborting)\n", clean_message(message).c_str(),
-                     rank);
-        std::fflush(stderr);
-        MPI_Abort(MPI_COMM_WORLD, code);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    wait_or_abort(&req, message, code);
   }
   if (out[0] == 0) return 0;
   const int first = -out[1];
@@ -750,6 +449,10 @@ int finish(MPI_Comm comm, int code, const std::string& message) {
 }  // namespace vpce::tool
 
 int main(int argc, char** argv) {
+  vpce::tool::set_mpi_io_defaults();
+  // A write past the file-size limit (ulimit -f) fails with EFBIG and is reported like a full disk, instead of
+  // SIGXFSZ killing the rank (and leaving the temporary output behind).
+  std::signal(SIGXFSZ, SIG_IGN);
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   MPI_Comm final_comm;

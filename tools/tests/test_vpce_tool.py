@@ -8,8 +8,12 @@ Suites:
             --softcap), alone and combined, for every strategy and mode (all of them at 2 ranks), --lse,
             --grad-dtype, bfloat16/float16 logits, all-ignored batches, against a numpy float64 reference of
             DESIGN.md section 1 (reference_options); uneven partitions at 2 and 3 ranks
-  errors    bad arguments and bad files: non-zero exit on every rank, one `vpce:` line naming the problem, no
-            output file (and an existing one untouched), no temporary file left
+  errors    bad arguments, bad files (not HDF5, cut short, a FIFO, wrong datasets, shapes, types, absurd sizes),
+            unwritable outputs, a full disk (a file-size limit; a small tmpfs where mount is allowed): the same
+            non-zero exit on every rank within ERROR_TIME, one `vpce:` line naming the problem, no output file
+            (and an existing one untouched), no temporary file left
+  faults    a rank killed at each phase (the hidden switch VPCE_TOOL_FAULT=kill:<rank>:<phase>), a write that
+            fails on one rank only: mpiexec exits non-zero within FAULT_TIMEOUT, no output, no temporary file
   commands  --help, --version, `vpce bench` (table and JSON), `vpce demo`
 
 Every run goes through a tiny shell wrapper that appends each rank's exit status to a file, so the test
@@ -25,6 +29,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import h5py
 import numpy as np
@@ -37,18 +42,21 @@ class Failure(Exception):
 
 
 class Result:
-    def __init__(self, statuses, stdout, stderr, argv):
+    def __init__(self, statuses, stdout, stderr, argv, elapsed=0.0, returncode=None):
         self.statuses = statuses
         self.stdout = stdout
         self.stderr = stderr
         self.argv = argv
+        self.elapsed = elapsed
+        self.returncode = returncode  # mpiexec's
 
     def vpce_lines(self):
         return [l for l in self.stderr.splitlines() if l.startswith("vpce:")]
 
     def describe(self):
-        return ("command: %s\nstatuses: %s\n--- stdout ---\n%s\n--- stderr ---\n%s" %
-                (" ".join(shlex.quote(a) for a in self.argv), self.statuses, self.stdout, self.stderr))
+        return ("command: %s\nstatuses: %s, mpiexec's: %s, %.1f s\n--- stdout ---\n%s\n--- stderr ---\n%s" %
+                (" ".join(shlex.quote(a) for a in self.argv), self.statuses, self.returncode, self.elapsed,
+                 self.stdout, self.stderr))
 
 
 class Runner:
@@ -61,32 +69,40 @@ class Runner:
         self.workdir = opts.workdir
         self.count = 0
 
-    def run(self, args, env=None):
+    def run(self, args, env=None, launcher=(), wrapped=True, timeout=RUN_TIMEOUT):
+        """Runs vpce ARGS on np ranks. `launcher`: words before the program on each rank (e.g. prlimit). Wrapped:
+        every rank's exit status is collected (and required); not wrapped (a job whose ranks get killed), only
+        mpiexec's own status is."""
         self.count += 1
         status_file = os.path.join(self.workdir, "status.%d" % self.count)
         if os.path.exists(status_file):
             os.remove(status_file)
-        wrapper = '"$0" "$@"; echo $? >> %s' % shlex.quote(status_file)
-        argv = ([self.mpiexec, self.np_flag, str(self.np)] + self.preflags +
-                ["/bin/sh", "-c", wrapper, self.vpce] + [str(a) for a in args])
+        if wrapped:
+            wrapper = '"$0" "$@"; echo $? >> %s' % shlex.quote(status_file)
+            program = ["/bin/sh", "-c", wrapper] + list(launcher) + [self.vpce]
+        else:
+            program = list(launcher) + [self.vpce]
+        argv = [self.mpiexec, self.np_flag, str(self.np)] + self.preflags + program + [str(a) for a in args]
         full_env = dict(os.environ)
         full_env.update(env or {})
+        start = time.monotonic()
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=self.workdir,
                                 env=full_env, start_new_session=True)
         try:
-            out, err = proc.communicate(timeout=RUN_TIMEOUT)
+            out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             out, err = proc.communicate()
             raise Failure("timed out after %d s (a hang?)\n%s" %
-                          (RUN_TIMEOUT, Result([], out, err, argv).describe()))
+                          (timeout, Result([], out, err, argv, time.monotonic() - start).describe()))
+        elapsed = time.monotonic() - start
         statuses = []
         if os.path.exists(status_file):
             with open(status_file) as f:
                 statuses = sorted(int(l) for l in f.read().split())
             os.remove(status_file)
-        res = Result(statuses, out, err, argv)
-        if len(statuses) != self.np:
+        res = Result(statuses, out, err, argv, elapsed, proc.returncode)
+        if wrapped and len(statuses) != self.np:
             raise Failure("%d of %d ranks reported an exit status\n%s" % (len(statuses), self.np, res.describe()))
         return res
 
@@ -229,6 +245,22 @@ def suite_loss(r):
     x, t = make_case(n, v, "float64", 5)
     run_and_check("int32_targets", x, t.astype(np.int32), ["--strategy", "seed"])
     run_and_check("chunked_big_endian", x, t, ["--partition", partitions[0]] if partitions else [], chunked=True)
+    # Paths of more than 245 characters (Open MPI 4.1's OMPIO aborted on them; the tool selects the sharedfp
+    # component that does not).
+    deep = os.path.join(r.workdir, *(c * 100 for c in "def"))
+    os.makedirs(deep, exist_ok=True)
+    long_in = os.path.join(deep, "in_long.h5")
+    long_out = os.path.join(deep, "out_long.h5")
+    write_input(long_in, x, t)
+    res = r.run(["loss", "--input", long_in, "--output", long_out, "--grad", "--quiet"])
+    if res.statuses != [0] * r.np or res.vpce_lines() or not os.path.exists(long_out) or leftovers(deep, long_out):
+        raise Failure("long_paths (%d characters): expected success\n%s" % (len(long_out), res.describe()))
+    with h5py.File(long_out, "r") as f:
+        got = f["loss"][...].astype(np.float64)
+    want, _, lse = reference(x, t)
+    if np.max(np.abs(got - want) / np.maximum(1.0, np.abs(lse))) > tolerance(x.dtype, x.shape[1]):
+        raise Failure("long_paths: wrong loss %s, want %s" % (got, want))
+    checks += 1
     # Defaults (no --strategy, --mode), replacing an existing output.
     out = os.path.join(r.workdir, "out_defaults.h5")
     with open(out, "w") as f:
@@ -536,13 +568,13 @@ def suite_errors(r):
     good = os.path.join(w, "good.h5")
     write_input(good, x, t)
     out = os.path.join(w, "out.h5")
-    cases = []  # (name, args, expected substrings, exit status, existing output content or None)
+    cases = []  # (name, args, expected substrings, exit status, existing output content or None, env, launcher)
 
-    def add(name, args, expect, status=1, existing=None, parse_only=False, once=False):
+    def add(name, args, expect, status=1, existing=None, parse_only=False, once=False, env=None, launcher=()):
         # Pure command-line errors do not depend on the ranks: run them at 2 ranks only (saves time); `once`: other
         # checks made alike by every rank, also at 2 ranks only.
         if not (parse_only or once) or r.np == 2:
-            cases.append((name, args, expect, status, existing))
+            cases.append((name, args, expect, status, existing, env, launcher))
 
     def bad_file(name, **datasets):
         path = os.path.join(w, name + ".h5")
@@ -686,7 +718,19 @@ def suite_errors(r):
     add("no_command", [], ["no command given"], status=2, parse_only=True)
     add("unknown_program_option", ["--bogus"], ["unknown option '--bogus'"], status=2, parse_only=True)
 
-    for name, args, expect, status, existing in cases:
+    try:
+        more_cases(r, add, x, t, good, out)
+        run_error_cases(r, cases, out)
+    finally:
+        unmount_small_fs(r)
+    print("errors: %d cases at %d rank(s)" % (len(cases), r.np))
+
+
+ERROR_TIME = 20  # seconds: an error must be agreed at once, not after the 30 s a rank failing alone waits
+
+
+def run_error_cases(r, cases, out):
+    for name, args, expect, status, existing, env, launcher in cases:
         target_out = out
         if "--output" in args:
             target_out = args[args.index("--output") + 1]
@@ -695,10 +739,12 @@ def suite_errors(r):
         if existing is not None:
             with open(out, "wb") as f:
                 f.write(existing)
-        res = r.run(args)
+        res = r.run(args, env=env, launcher=launcher)
         problems = []
         if res.statuses != [status] * r.np:
             problems.append("exit statuses %s, expected %d on every rank" % (res.statuses, status))
+        if res.elapsed > ERROR_TIME:
+            problems.append("took %.1f s (more than %d s: not agreed at once?)" % (res.elapsed, ERROR_TIME))
         lines = res.vpce_lines()
         if len(lines) != 1:
             problems.append("%d 'vpce:' lines on stderr, expected exactly 1 (rank 0's)" % len(lines))
@@ -709,15 +755,217 @@ def suite_errors(r):
             with open(out, "rb") as f:
                 if f.read() != existing:
                     problems.append("the existing output file was changed")
-        elif target_out == out and os.path.exists(out):
+        elif os.path.lexists(target_out) and not os.path.isdir(target_out):
             problems.append("an output file was created")
         folder = os.path.dirname(target_out) or "."
         if os.path.isdir(folder) and leftovers(folder, target_out):
             problems.append("temporary files left: %s" % leftovers(folder, target_out))
         if problems:
             raise Failure("%s: %s\n%s" % (name, "; ".join(problems), res.describe()))
-        print("ok %-24s %s" % (name, lines[0]))
-    print("errors: %d cases at %d rank(s)" % (len(cases), r.np))
+        print("ok %-24s %s" % (name, lines[0] if lines else ""))
+
+
+SMALL_FS = "small_fs"  # a tmpfs of a few MiB mounted in the work folder, where mounting is allowed
+
+
+def mount_small_fs(r, size):
+    """Mounts a tmpfs of `size` at WORKDIR/small_fs; returns its path, or None where mounting is not allowed
+    (not root, no CAP_SYS_ADMIN in a container)."""
+    path = os.path.join(r.workdir, SMALL_FS)
+    os.makedirs(path, exist_ok=True)
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        return None
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%s" % size, "vpce_test_full", path],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return path if res.returncode == 0 else None
+
+
+def unmount_small_fs(r):
+    path = os.path.join(r.workdir, SMALL_FS)
+    if os.path.ismount(path):
+        subprocess.run(["umount", path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def more_cases(r, add, x, t, good, out):
+    """Robustness (issue #6 item 8): odd files and paths, odd dtypes and shapes, absurd declared sizes, full disks."""
+    w = r.workdir
+    n, v = x.shape
+    loss = ["loss", "--output", out, "--grad"]
+
+    def h5(name, build):
+        path = os.path.join(w, name + ".h5")
+        with h5py.File(path, "w") as f:
+            build(f)
+        return path
+
+    def std(f, logits=x, targets=t):
+        if logits is not None:
+            f["logits"] = logits
+        if targets is not None:
+            f["targets"] = targets
+
+    # Files that are no HDF5 files, or cannot be read.
+    empty = os.path.join(w, "empty.h5")
+    open(empty, "wb").close()
+    add("empty_file", loss + ["--input", empty], ["empty.h5", "not an HDF5 file"])
+    with open(good, "rb") as f:
+        whole = f.read()
+    cut = os.path.join(w, "cut.h5")
+    with open(cut, "wb") as f:
+        f.write(whole[:len(whole) // 2])
+    add("truncated_file", loss + ["--input", cut], ["cut.h5", "not an HDF5 file, or it cannot be opened"])
+    header_only = os.path.join(w, "header_only.h5")
+    with open(header_only, "wb") as f:
+        f.write(whole[:8])  # the HDF5 signature alone
+    add("signature_only", loss + ["--input", header_only], ["header_only.h5", "not an HDF5 file"], once=True)
+    fifo = os.path.join(w, "fifo.h5")
+    if not os.path.exists(fifo):
+        os.mkfifo(fifo)
+    add("input_fifo", loss + ["--input", fifo], ["fifo.h5", "is a FIFO, not an HDF5 file"])  # opening it would hang
+    add("input_device", loss + ["--input", "/dev/null"], ["/dev/null", "character device"], once=True)
+    add("input_under_file", loss + ["--input", os.path.join(good, "in.h5")], ["good.h5/in.h5", "Not a directory"])
+    dangling = os.path.join(w, "dangling.h5")
+    if not os.path.lexists(dangling):
+        os.symlink(os.path.join(w, "nowhere.h5"), dangling)
+    add("input_dangling_link", loss + ["--input", dangling], ["dangling.h5", "no such file"], once=True)
+    add("input_name_too_long", loss + ["--input", os.path.join(w, "x" * 5000 + ".h5")], ["File name too long"],
+        once=True)
+    # Datasets of the wrong kind, type or number of dimensions.
+    add("logits_null_space", loss + ["--input", h5("logits_null", lambda f: std(f, logits=h5py.Empty("f4")))],
+        ["dataset /logits is empty (a null dataspace", "expected 2 dimensions"])
+    add("targets_scalar", loss + ["--input", h5("targets_scalar", lambda f: std(f, targets=np.int64(3)))],
+        ["dataset /targets is a scalar", "expected 1 dimension"])
+    add("targets_3d", loss + ["--input", h5("targets_3d", lambda f: std(f, targets=t.reshape(n, 1, 1)))],
+        ["dataset /targets has shape 6 x 1 x 1 (3 dimensions)"], once=True)
+    compound = np.zeros((n, v), dtype=[("re", "f4"), ("im", "f4")])
+    add("logits_compound", loss + ["--input", h5("logits_compound", lambda f: std(f, logits=compound))],
+        ["dataset /logits has type compound", "float32 or float64"])
+    words = np.array([[b"ab"] * v] * n)
+    add("logits_strings", loss + ["--input", h5("logits_strings", lambda f: std(f, logits=words))],
+        ["dataset /logits has type string"], once=True)
+    add("logits_int8", loss + ["--input", h5("logits_int8", lambda f: std(f, logits=x.astype(np.int8)))],
+        ["dataset /logits has type int8"], once=True)
+    add("logits_uint16_float16_attr_bytes",
+        loss + ["--input", h5("u16_attr_array", lambda f: (std(f, logits=np.zeros((n, v), np.uint16)),
+                                                           f["logits"].attrs.create("dtype", [b"bfloat16", b"x"])))],
+        ["attribute dtype is an array of 2 strings, not a string"], once=True)
+    add("targets_bool", loss + ["--input", h5("targets_bool", lambda f: std(f, targets=t > 3))],
+        ["dataset /targets has type enum", "expected int64"])
+    add("targets_strings", loss + ["--input", h5("targets_strings",
+                                                lambda f: std(f, targets=np.array([b"7"] * n)))],
+        ["dataset /targets has type string"], once=True)
+    t_big = t.astype(np.uint64)
+    t_big[3] = np.iinfo(np.uint64).max  # would be -1 (the --ignore-index below) if it wrapped around
+    add("targets_uint64_max", loss + ["--input", h5("targets_u64", lambda f: std(f, targets=t_big)),
+                                      "--ignore-index", "-1"],
+        ["dataset /targets: entry 3 is 9223372036854775807", "outside the vocabulary"])
+    # Absurd declared shapes (chunked datasets never written: a small file): an error, not an overflow or a crash.
+    def huge(rows, cols):
+        def build(f):
+            f.create_dataset("logits", shape=(rows, cols), chunks=(1, min(cols, 1024)), dtype="f4")
+            f.create_dataset("targets", shape=(rows,), chunks=(min(rows, 1024),), dtype="i8")
+        return build
+    add("logits_huge_shape", loss + ["--input", h5("huge_shape", huge(2 ** 40, 2 ** 40))],
+        ["dataset /logits has shape 1099511627776 x 1099511627776: too large"])
+    add("logits_beyond_memory", loss + ["--input", h5("beyond_memory", huge(2 ** 36, 2 ** 15 * 3))],
+        ["beyond_memory.h5", "not enough memory for this rank's 68719476736 x"])
+    # Output paths that cannot be written.
+    add("output_under_file", ["loss", "--input", good, "--output", os.path.join(good, "out.h5")],
+        ["good.h5/out.h5", "is not a folder"])
+    add("output_name_too_long", ["loss", "--input", good, "--output", os.path.join(w, "y" * 5000 + ".h5")],
+        ["cannot write the output: File name too long"], once=True)
+    add("output_tmp_name_too_long", ["loss", "--input", good, "--output", os.path.join(w, "z" * 245 + ".h5")],
+        ["cannot write the output: its name is too long (248 characters", ".tmp.<process id>"], once=True)
+    # The hidden fault switch (test_vpce_tool.py's faults suite) refuses a malformed value.
+    add("fault_switch_malformed", loss + ["--input", good], ["VPCE_TOOL_FAULT=kill:one:read", "kill:<rank>:<phase>"],
+        status=2, env={"VPCE_TOOL_FAULT": "kill:one:read"}, once=True)
+    # A full disk: the gradient (24 MiB) does not fit. (a) a file-size limit of 16 MiB on every rank (prlimit;
+    # the tool ignores SIGXFSZ, so writes fail with EFBIG); (b) a 4 MiB tmpfs, where mounting is allowed (ENOSPC).
+    big_x = np.random.default_rng(9).normal(size=(1536, 4096)).astype(np.float32)
+    big_t = (np.arange(1536) * 7) % 4096
+    big = h5("big", lambda f: std(f, logits=big_x, targets=big_t))
+    if shutil.which("prlimit"):
+        add("file_size_limit", ["loss", "--input", big, "--output", out, "--grad"],
+            ["out.h5", "File too large"], launcher=["prlimit", "--fsize=%d" % (16 << 20)], existing=b"old output")
+    else:
+        print("skipped file_size_limit: no prlimit")
+    small = mount_small_fs(r, "4m")
+    if small:
+        add("disk_full", ["loss", "--input", big, "--output", os.path.join(small, "out.h5"), "--grad"],
+            ["small_fs/out.h5", "No space left on device"])
+    else:
+        print("skipped disk_full: cannot mount a tmpfs here (not root, or not allowed in this container)")
+
+
+FAULT_TIMEOUT = 60  # seconds within which a job with a killed rank must have ended
+
+
+def suite_faults(r):
+    """A rank that dies (issue #6 item 2): VPCE_TOOL_FAULT=kill:<rank>:<phase> makes that rank SIGKILL itself at
+    that phase. The job must end with a non-zero status within FAULT_TIMEOUT, leave no output file (an existing
+    one untouched) and no temporary file: the surviving ranks remove it when mpiexec terminates them."""
+    w = r.workdir
+    x, t = make_case(40, 301, "float32", 21)
+    inp = os.path.join(w, "in.h5")
+    write_input(inp, x, t)
+    out = os.path.join(w, "out.h5")
+    last = r.np - 1
+    cases = {2: [(1, "read"), (0, "collective"), (1, "write"), (0, "write"), (1, "rename"), (0, "rename")],
+             3: [(2, "read"), (1, "collective"), (0, "write"), (2, "rename")]}.get(r.np, [(last, "write")])
+    for k, (rank, phase) in enumerate(cases):
+        name = "kill_rank%d_at_%s" % (rank, phase)
+        existing = b"the previous output" if k % 2 else None
+        if os.path.exists(out):
+            os.remove(out)
+        if existing is not None:
+            with open(out, "wb") as f:
+                f.write(existing)
+        res = r.run(["loss", "--input", inp, "--output", out, "--grad", "--quiet"],
+                    env={"VPCE_TOOL_FAULT": "kill:%d:%s" % (rank, phase)}, wrapped=False, timeout=FAULT_TIMEOUT)
+        problems = []
+        if res.returncode == 0:
+            problems.append("mpiexec exited with status 0")
+        if "rank %d kills itself at phase %s" % (rank, phase) not in res.stderr:
+            problems.append("the fault switch did not fire")
+        if existing is not None:
+            with open(out, "rb") as f:
+                if f.read() != existing:
+                    problems.append("the existing output file was changed")
+        elif os.path.exists(out):
+            problems.append("an output file was created")
+        if leftovers(w, out):
+            problems.append("temporary files left: %s" % leftovers(w, out))
+        if problems:
+            raise Failure("%s: %s\n%s" % (name, "; ".join(problems), res.describe()))
+        print("ok %-26s mpiexec status %d after %.1f s" % (name, res.returncode, res.elapsed))
+    # A write that fails on some ranks only, inside a collective MPI-IO transfer (a file-size limit, the tool's
+    # reservation of the space turned off): the others stay in the transfer; the failing rank waits
+    # VPCE_ABORT_TIMEOUT seconds, removes the temporary file and ends the job.
+    if shutil.which("prlimit"):
+        big = os.path.join(w, "big.h5")
+        write_input(big, np.zeros((1536, 4096), dtype=np.float32), np.arange(1536) % 4096)
+        if os.path.exists(out):
+            os.remove(out)
+        res = r.run(["loss", "--input", big, "--output", out, "--grad", "--quiet"],
+                    env={"VPCE_TOOL_RESERVE": "0", "VPCE_ABORT_TIMEOUT": "3"},
+                    launcher=["prlimit", "--fsize=%d" % (16 << 20)], wrapped=False, timeout=FAULT_TIMEOUT)
+        problems = []
+        if res.returncode == 0:
+            problems.append("mpiexec exited with status 0")
+        if not any("out.h5" in l and "the other ranks did not stop within 3 s" in l for l in res.vpce_lines()):
+            problems.append("no 'vpce:' line names the output and the timeout")
+        if os.path.exists(out) or leftovers(w, out):
+            problems.append("an output or temporary file is left: %s" % leftovers(w, out))
+        if problems:
+            raise Failure("write_fails_on_one_rank: %s\n%s" % ("; ".join(problems), res.describe()))
+        print("ok %-26s mpiexec status %d after %.1f s" % ("write_fails_on_one_rank", res.returncode, res.elapsed))
+    # The switch is inert for a rank that does not exist: a normal run.
+    if os.path.exists(out):
+        os.remove(out)
+    res = r.run(["loss", "--input", inp, "--output", out, "--quiet"], env={"VPCE_TOOL_FAULT": "kill:99:read"})
+    if res.statuses != [0] * r.np or not os.path.exists(out) or leftovers(w, out):
+        raise Failure("kill:99:read: expected a normal run\n%s" % res.describe())
+    print("faults: %d runs with a killed rank at %d ranks" % (len(cases), r.np))
 
 
 def suite_commands(r):
@@ -777,15 +1025,19 @@ def main():
     p.add_argument("--numproc-flag", default="-n")
     p.add_argument("--preflag", action="append", help="an mpiexec flag before the program (repeatable)")
     p.add_argument("--np", type=int, default=2)
-    p.add_argument("--suite", choices=("loss", "options", "errors", "commands"), required=True)
+    p.add_argument("--suite", choices=("loss", "options", "errors", "faults", "commands"), required=True)
     p.add_argument("--workdir", required=True)
     opts = p.parse_args()
     opts.vpce = os.path.abspath(opts.vpce)
+    small_fs = os.path.join(opts.workdir, SMALL_FS)
+    if os.path.ismount(small_fs):  # left mounted by an interrupted run
+        subprocess.run(["umount", small_fs], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     shutil.rmtree(opts.workdir, ignore_errors=True)
     os.makedirs(opts.workdir)
     r = Runner(opts)
     try:
-        {"loss": suite_loss, "options": suite_options, "errors": suite_errors, "commands": suite_commands}[opts.suite](r)
+        {"loss": suite_loss, "options": suite_options, "errors": suite_errors, "faults": suite_faults,
+         "commands": suite_commands}[opts.suite](r)
     except Failure as e:
         print("FAILED: %s" % e, file=sys.stderr)
         return 1

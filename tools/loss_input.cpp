@@ -1,0 +1,285 @@
+/// \file loss_input.cpp
+/// \brief `vpce loss`: its command line and the checks of its input file (metadata, sizes, targets).
+
+#include "loss_input.hpp"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "vpce/error.hpp"
+
+namespace vpce::tool {
+
+const char* const loss_help =
+    "Usage: mpirun -n W vpce loss --input IN.h5 --output OUT.h5 [--grad] [OPTIONS]\n"
+    "\n"
+    "Reads /logits (N x V) and /targets (N, int64; other integer types are converted) from IN.h5 with parallel\n"
+    "HDF5, each rank only its own columns of the logits. /logits is float32, float64, or 16-bit: uint16 bit\n"
+    "patterns with a string attribute dtype = \"bfloat16\" or \"float16\" (computed in float32). Writes OUT.h5:\n"
+    "  /loss         --reduction none: N per-token losses (0 for ignored tokens); sum or mean: 1 value, the\n"
+    "                reduced loss. float64 for float64 logits, else float32\n"
+    "  /grad_logits  with --grad, N x V: the gradient of the sum of the per-token losses (none), or of the\n"
+    "                reduced loss (sum, mean); its type: see --grad-dtype\n"
+    "  /lse          with --lse, N: each row's log-sum-exp over the whole vocabulary (of the transformed\n"
+    "                logits), in /loss's type\n"
+    "OUT.h5 is written under a temporary name in the same folder and renamed when complete; on an error it is\n"
+    "not created (an existing one is left as it was).\n"
+    "\n"
+    "Per token, with z its logits, x = S * z, then x = C * tanh(x / C) if C > 0 (a -inf logit stays -inf),\n"
+    "lse = log(sum_j exp(x_j)) over the whole vocabulary, t the target:\n"
+    "  loss = lse - (1 - A) * x_t - A * mean_j(x_j) + Z * lse^2        (0 if t is the ignore index)\n"
+    "  d/dz_j = (softmax_j * (1 + 2 Z lse) - (1 - A) [j = t] - A / V) * dx_j/dz_j    (0 if ignored)\n"
+    "with A, Z, S, C the values of --label-smoothing, --z-loss, --logit-scale, --softcap; the gradient is\n"
+    "divided by the number of tokens not ignored for --reduction mean. The same for any number of ranks,\n"
+    "partition, strategy and mode.\n"
+    "\n"
+    "Options:\n"
+    "  --input FILE          input HDF5 file (required)\n"
+    "  --output FILE         output HDF5 file (required)\n"
+    "  --grad                also write /grad_logits\n"
+    "  --grad-dtype D        /grad_logits' type (with --grad): float32 | logits: the logits' own type (16-bit\n"
+    "                        logits: uint16 bits with the same dtype attribute). Default: float32, float64 for\n"
+    "                        float64 logits (a float64 gradient written as float32 is rounded on the way)\n"
+    "  --lse                 also write /lse\n"
+    "  --reduction R         none (default) | sum: the sum of the per-token losses | mean: that sum divided by\n"
+    "                        the number of tokens not ignored (loss and gradient 0 if every token is ignored)\n"
+    "  --ignore-index I      tokens whose target is I get loss 0 and a zero gradient row and do not count in\n"
+    "                        the mean; default -100 (PyTorch's). Other targets must be in [0, V)\n"
+    "  --label-smoothing A   A in [0, 1], default 0: the target distribution is (1 - A) * one-hot + A / V over\n"
+    "                        the whole vocabulary (PyTorch's meaning)\n"
+    "  --z-loss Z            Z >= 0, default 0: adds Z * lse^2 to each token's loss (PaLM's z-loss)\n"
+    "  --logit-scale S       S > 0, default 1: the logits are multiplied by S first\n"
+    "  --softcap C           C >= 0, default 0 (off): soft-capping x = C * tanh(x / C) after the scale (Gemma's)\n"
+    "  --strategy S          fused (one all-reduce, default) | seed (Megatron-LM's three all-reduces)\n"
+    "  --mode M              fused: loss and gradient in one call (default) | stash: forward keeps the softmax,\n"
+    "                        then backward | recompute: forward keeps log-sum-exp, backward recomputes\n"
+    "                        (without --grad only the forward runs)\n"
+    "  --partition n0,n1,..  columns per rank (one size per rank, adding up to V; 0 is allowed);\n"
+    "                        default: even, the first V % W ranks get one column more\n"
+    "  --quiet               print nothing on success\n"
+    "  -h, --help            this help\n";
+
+namespace {
+
+std::vector<std::int64_t> parse_partition(const Args& args, const std::string& text) {
+  std::vector<std::int64_t> sizes;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || end == item.c_str() || *end != '\0' || errno == ERANGE || v < 0)
+      args.usage_error("--partition " + text + ": '" + item + "' is not a column count (an integer >= 0)");
+    sizes.push_back(v);
+  }
+  if (!text.empty() && text.back() == ',') args.usage_error("--partition " + text + ": a size is missing at the end");
+  return sizes;
+}
+
+std::string dimensions(std::size_t n) { return std::to_string(n) + (n == 1 ? " dimension" : " dimensions"); }
+
+/// "has shape 6 x 23 x 1 (3 dimensions)", "is a scalar", "is empty (a null dataspace)".
+std::string shape_phrase(const DatasetInfo& info) {
+  if (info.null_space) return "is empty (a null dataspace, no elements)";
+  if (info.dims.empty()) return "is a scalar";
+  return "has shape " + shape_string(info.dims) + " (" + dimensions(info.dims.size()) + ")";
+}
+
+bool huge(const DatasetInfo& info) {
+  for (auto d : info.dims)
+    if (d < 0) return true;  // above 2^63 in the file
+  return false;
+}
+
+/// What /logits holds; `err` gets a message if it is not usable.
+LogitsType logits_type(const H5File& in, const DatasetInfo& li, std::string* err) {
+  const std::string file = in.display_name();
+  const std::string expected =
+      "expected float32 or float64, or uint16 bits with a string attribute dtype = \"bfloat16\" or \"float16\"";
+  if (li.kind == DatasetInfo::Kind::floating && li.type_size == 4) return LogitsType::float32;
+  if (li.kind == DatasetInfo::Kind::floating && li.type_size == 8) return LogitsType::float64;
+  if (li.type_name != "uint16") {
+    *err = "vpce: " + file + ": dataset /logits has type " + li.type_name + "; " + expected;
+    return LogitsType::float32;
+  }
+  const AttributeInfo a = in.attribute("/logits", "dtype");
+  if (!a.exists) {
+    *err = "vpce: " + file +
+           ": dataset /logits is uint16 but has no attribute dtype; expected dtype = \"bfloat16\" "
+           "or \"float16\" (16-bit logits), or float32 or float64 logits";
+  } else if (!a.is_string) {
+    *err = "vpce: " + file + ": dataset /logits (uint16): attribute dtype is " + a.type_name +
+           ", not a string; expected \"bfloat16\" or \"float16\"";
+  } else if (a.value == "bfloat16") {
+    return LogitsType::bfloat16;
+  } else if (a.value == "float16") {
+    return LogitsType::float16;
+  } else {
+    *err = "vpce: " + file + ": dataset /logits (uint16): attribute dtype is \"" + a.value +
+           "\"; expected \"bfloat16\" or \"float16\"";
+  }
+  return LogitsType::float32;
+}
+
+}  // namespace
+
+LossConfig parse_loss_args(const std::vector<std::string>& argv, int nranks) {
+  Args args("loss",
+            {{"input", true},
+             {"output", true},
+             {"grad", false},
+             {"grad-dtype", true},
+             {"lse", false},
+             {"strategy", true},
+             {"mode", true},
+             {"partition", true},
+             {"ignore-index", true},
+             {"reduction", true},
+             {"label-smoothing", true},
+             {"z-loss", true},
+             {"logit-scale", true},
+             {"softcap", true},
+             {"quiet", false}},
+            argv);
+  LossConfig cfg;
+  if (args.help()) {
+    cfg.help = true;
+    return cfg;
+  }
+  cfg.input = args.required("input");
+  cfg.output = args.required("output");
+  cfg.grad = args.has("grad");
+  cfg.lse = args.has("lse");
+  cfg.strategy = args.get_choice("strategy", "fused", {"fused", "seed"}) == "seed" ? Strategy::seed : Strategy::fused;
+  cfg.mode = args.get_choice("mode", "fused", {"fused", "stash", "recompute"});
+  if (args.has("grad-dtype")) {
+    cfg.grad_dtype = args.get_choice("grad-dtype", "", {"float32", "logits"});
+    if (!cfg.grad) args.usage_error("--grad-dtype " + cfg.grad_dtype + " needs --grad");
+  }
+  cfg.quiet = args.has("quiet");
+  cfg.ignore_index = args.get_int("ignore-index", -100, std::numeric_limits<std::int64_t>::min(),
+                                  std::numeric_limits<std::int64_t>::max());
+  const std::string reduction = args.get_choice("reduction", "none", {"none", "sum", "mean"});
+  cfg.reduction = reduction == "sum" ? Reduction::sum : reduction == "mean" ? Reduction::mean : Reduction::none;
+  // The library checks these too (vpce::Error on every rank); here they are command-line errors.
+  auto real = [&](const char* name, double fallback, bool ok(double), const char* want) {
+    const double x = args.get_double(name, fallback);
+    if (!ok(x)) args.usage_error(std::string("--") + name + " " + args.get(name) + ": must be " + want);
+    return x;
+  };
+  cfg.label_smoothing = real(
+      "label-smoothing", 0, [](double x) { return x >= 0 && x <= 1; }, "in [0, 1]");
+  cfg.z_loss = real(
+      "z-loss", 0, [](double x) { return std::isfinite(x) && x >= 0; }, "a finite number >= 0");
+  cfg.logit_scale = real(
+      "logit-scale", 1, [](double x) { return std::isfinite(x) && x > 0; }, "a finite number > 0");
+  cfg.softcap = real(
+      "softcap", 0, [](double x) { return std::isfinite(x) && x >= 0; }, "a finite number >= 0 (0: off)");
+  if (args.has("partition")) {
+    cfg.have_partition = true;
+    cfg.partition_text = args.get("partition");
+    cfg.partition = parse_partition(args, cfg.partition_text);
+    if (static_cast<int>(cfg.partition.size()) != nranks)
+      args.usage_error("--partition " + cfg.partition_text + " gives " + std::to_string(cfg.partition.size()) +
+                       " sizes but there are " + std::to_string(nranks) + " ranks");
+  }
+  return cfg;
+}
+
+const char* to_string(LogitsType t) {
+  switch (t) {
+    case LogitsType::float32:
+      return "float32";
+    case LogitsType::float64:
+      return "float64";
+    case LogitsType::bfloat16:
+      return "bfloat16";
+    case LogitsType::float16:
+      return "float16";
+  }
+  return "?";
+}
+
+std::size_t element_size(LogitsType t) { return t == LogitsType::float64 ? 8 : t == LogitsType::float32 ? 4 : 2; }
+
+LossInput check_loss_input(const Communicator& comm, const H5File& in, const LossConfig& cfg) {
+  // Metadata checks: every rank reads the same metadata; the decision is agreed all the same.
+  const DatasetInfo li = in.info("/logits");
+  const DatasetInfo ti = in.info("/targets");
+  const std::string& file = in.display_name();
+  std::string err;
+  auto check = [&](bool bad, const std::string& what) {
+    if (err.empty() && bad) err = "vpce: " + file + ": " + what;
+  };
+  check(!li.exists, "no dataset /logits (expected N x V float32, float64 or 16-bit logits)");
+  check(li.exists && li.type_name == "not a dataset", "/logits is not a dataset");
+  check(li.dims.size() != 2, "dataset /logits " + shape_phrase(li) + "; expected 2 dimensions (tokens x vocabulary)");
+  check(huge(li), "dataset /logits has a dimension above 2^63");
+  LossInput r;
+  if (err.empty()) r.type = logits_type(in, li, &err);
+  check(li.dims.size() == 2 && li.dims[1] == 0, "dataset /logits has 0 columns; the vocabulary must not be empty");
+  check(!ti.exists, "no dataset /targets (expected N int64 target ids)");
+  check(ti.exists && ti.type_name == "not a dataset", "/targets is not a dataset");
+  check(ti.dims.size() != 1, "dataset /targets " + shape_phrase(ti) + "; expected 1 dimension (one target per token)");
+  check(huge(ti), "dataset /targets has a dimension above 2^63");
+  check(ti.kind != DatasetInfo::Kind::integer, "dataset /targets has type " + ti.type_name + "; expected int64");
+  check(ti.dims.size() == 1 && li.dims.size() == 2 && ti.dims[0] != li.dims[0],
+        "dataset /targets has " + std::to_string(ti.dims.empty() ? 0 : ti.dims[0]) + " entries but /logits has " +
+            std::to_string(li.dims.empty() ? 0 : li.dims[0]) + " rows");
+  agree(comm, err);
+  r.n = li.dims[0];
+  r.v = li.dims[1];
+
+  if (cfg.have_partition) {
+    // Sizes are >= 0 (parse_loss_args); stop adding once past V, so the sum cannot overflow.
+    std::int64_t sum = 0;
+    bool over = false;
+    for (auto s : cfg.partition) {
+      if (s > r.v - sum) {
+        over = true;
+        break;
+      }
+      sum += s;
+    }
+    if (over || sum != r.v)
+      throw UsageError("vpce: loss: --partition " + cfg.partition_text + " adds up to " +
+                       (over ? std::string("more than ") + std::to_string(r.v) : std::to_string(sum)) +
+                       " columns but dataset /logits in " + file + " has " + std::to_string(r.v) +
+                       " (see 'vpce loss --help')");
+  }
+  return r;
+}
+
+std::string size_error(const std::string& file, std::int64_t n, std::int64_t v, std::int64_t max_cols,
+                       std::size_t elem_bytes) {
+  // The logits and a gradient of at most 8 bytes an element, then per row: target, loss, lse (8 bytes each at
+  // most) and a record of the collective (32 bytes at most). Kept below 2^62 bytes: no size_t or ptrdiff_t
+  // computation on the way (Kokkos', HDF5's, MPI's) can overflow.
+  using u128 = unsigned __int128;
+  const u128 limit = u128(1) << 62;
+  if (n < 0 || v < 0 || max_cols < 0 || u128(n) * u128(max_cols) * (elem_bytes + 8) + u128(n) * 56 >= limit)
+    return "vpce: " + file + ": dataset /logits has shape " + std::to_string(n) + " x " + std::to_string(v) +
+           ": too large (" + std::to_string(max_cols) + " columns of it on one rank cannot be held in memory)";
+  return {};
+}
+
+std::string targets_error(const std::string& file, const std::int64_t* targets, std::int64_t n, std::int64_t v,
+                          std::int64_t ignore_index) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t t = targets[i];
+    if ((t < 0 || t >= v) && t != ignore_index)
+      return "vpce: " + file + ": dataset /targets: entry " + std::to_string(i) + " is " + std::to_string(t) +
+             ", outside the vocabulary [0, " + std::to_string(v) + ") and not the --ignore-index (" +
+             std::to_string(ignore_index) + ")";
+  }
+  return {};
+}
+
+}  // namespace vpce::tool

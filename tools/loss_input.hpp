@@ -1,0 +1,69 @@
+#pragma once
+/// \file loss_input.hpp
+/// \brief `vpce loss`'s command line and the checks of its input file, apart from the computation (no Kokkos
+/// here: the fuzz harness in fuzz/ compiles this with h5io.cpp and cli.cpp alone).
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "h5io.hpp"
+#include "tool.hpp"
+#include "vpce/communicator.hpp"
+#include "vpce/options.hpp"
+
+namespace vpce::tool {
+
+extern const char* const loss_help;
+
+struct LossConfig {
+  bool help = false;
+  std::string input, output;
+  bool grad = false;
+  bool lse = false;
+  Strategy strategy = Strategy::fused;
+  std::string mode = "fused";  // fused | stash | recompute
+  std::string grad_dtype;      // "" (the compute type) | float32 | logits
+  bool quiet = false;
+  bool have_partition = false;
+  std::vector<std::int64_t> partition;
+  std::string partition_text;  // as given, for messages
+  // The library's training options (vpce::Options).
+  std::int64_t ignore_index = -100;
+  Reduction reduction = Reduction::none;
+  double label_smoothing = 0, z_loss = 0, logit_scale = 1, softcap = 0;
+};
+
+/// `vpce loss`'s options (argv without the command), for `nranks` ranks; UsageError on a bad command line. Not
+/// collective (every rank parses the same line alike). With -h/--help only `help` is set.
+LossConfig parse_loss_args(const std::vector<std::string>& argv, int nranks);
+
+enum class LogitsType { float32, float64, bfloat16, float16 };
+
+const char* to_string(LogitsType t);
+/// Bytes per element of the logits in memory and in the file.
+std::size_t element_size(LogitsType t);
+
+/// What the input file holds, once checked.
+struct LossInput {
+  std::int64_t n = 0;  ///< tokens (rows)
+  std::int64_t v = 0;  ///< vocabulary (columns)
+  LogitsType type = LogitsType::float32;
+};
+
+/// Checks /logits and /targets from the file's metadata (existence, dimensions, types, the dtype attribute of
+/// 16-bit logits, N agreeing) and the --partition against V; collective (errors agreed: vpce::Error, or
+/// UsageError for a --partition that does not add up to V, the same on every rank). `file` names the input.
+LossInput check_loss_input(const Communicator& comm, const H5File& in, const LossConfig& cfg);
+
+/// An error message (empty if none) when a rank's share of the logits, `n` rows of `max_cols` columns of
+/// `elem_bytes` bytes (plus the gradient and the per-row arrays of a run) could not even be addressed: an absurd
+/// shape declared in a file is an error, not an overflowing size computation. Not collective.
+std::string size_error(const std::string& file, std::int64_t n, std::int64_t v, std::int64_t max_cols,
+                       std::size_t elem_bytes);
+
+/// The first target that is neither in [0, v) nor `ignore_index`, as a message naming `file`; empty if none.
+std::string targets_error(const std::string& file, const std::int64_t* targets, std::int64_t n, std::int64_t v,
+                          std::int64_t ignore_index);
+
+}  // namespace vpce::tool
