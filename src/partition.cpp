@@ -1,5 +1,6 @@
 #include "vpce/partition.hpp"
 
+#include <limits>
 #include <string>
 
 #include "vpce/error.hpp"
@@ -7,9 +8,14 @@
 namespace vpce {
 
 namespace {
+/// Offsets of sizes >= 0 (the same on every rank when called, so its error is too).
 std::vector<std::int64_t> prefix(const std::vector<std::int64_t>& sizes) {
   std::vector<std::int64_t> offsets(sizes.size() + 1, 0);
-  for (std::size_t r = 0; r < sizes.size(); ++r) offsets[r + 1] = offsets[r] + sizes[r];
+  for (std::size_t r = 0; r < sizes.size(); ++r) {
+    VPCE_THROW_IF(sizes[r] > std::numeric_limits<std::int64_t>::max() - offsets[r],
+                  "the partition sizes add up to more than 2^63 - 1");
+    offsets[r + 1] = offsets[r] + sizes[r];
+  }
   return offsets;
 }
 }  // namespace

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -113,6 +114,20 @@ TEST_F(PartitionTest, FromSizesNegativeOrAllZero) {
   expect_in_step();
   expect_error_on_all_ranks([&] { vpce::VocabPartition::from_sizes(std::vector<std::int64_t>(w, 0), comm); },
                             "the vocabulary is empty");
+  expect_in_step();
+}
+
+// Sizes whose sum overflows int64 (found by the tool's fuzzer: {2^63-1, 2^63-1, 25} wrapped around to 23).
+TEST_F(PartitionTest, SizesAddingUpPastInt64) {
+  const std::int64_t big = std::numeric_limits<std::int64_t>::max();
+  std::vector<std::int64_t> sizes(w, 1);
+  sizes[0] = big;
+  sizes[w - 1] = w > 1 ? big : 0;  // one rank: max + 0 fits; check the wrap with two ranks or more
+  if (w > 1) {
+    expect_error_on_all_ranks([&] { vpce::VocabPartition::from_sizes(sizes, comm); }, "more than 2^63 - 1");
+    expect_error_on_all_ranks([&] { vpce::VocabPartition::from_local_size(r == 0 || r == w - 1 ? big : 1, comm); },
+                              "more than 2^63 - 1");
+  }
   expect_in_step();
 }
 
