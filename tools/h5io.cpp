@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
+#include <optional>
 #include <type_traits>
 
 #include "tool.hpp"
@@ -293,31 +295,32 @@ AttributeInfo H5File::attribute(const std::string& dataset, const std::string& a
 }
 
 template <class T>
-void H5File::transfer_columns(bool write, const std::string& name, std::int64_t n_rows, std::int64_t col_begin,
-                              std::int64_t col_count, std::int64_t max_col_count, T* buf) const {
+void H5File::transfer_block(bool write, const std::string& name, const Block& b, T* buf) const {
   const char* verb = write ? "write" : "read";
   std::string err;
   H5Handle dset(H5Dopen2(m_file.get(), name.c_str(), H5P_DEFAULT), H5Dclose);
   if (!dset.valid()) err = with_detail("vpce: " + m_display + ": cannot open dataset " + name);
   agree(m_comm, err);
-  // The same number of collective transfers on every rank, each at most io_block_bytes() on the widest rank.
-  const std::int64_t row_bytes = std::max<std::int64_t>(1, max_col_count) * std::int64_t(sizeof(T));
+  // The same number of collective transfers on every rank, set by the largest share (max_row_count rows of
+  // max_col_count columns), each at most io_block_bytes() on that rank; a rank whose rows are done (or that has
+  // none, or no columns) takes part with nothing selected.
+  const std::int64_t row_bytes = std::max<std::int64_t>(1, b.max_col_count) * std::int64_t(sizeof(T));
   const std::int64_t block = std::max<std::int64_t>(1, io_block_bytes() / row_bytes);
   T dummy{};
-  for (std::int64_t r0 = 0; r0 < n_rows; r0 += block) {
-    const std::int64_t rows = std::min(block, n_rows - r0);
+  for (std::int64_t k0 = 0; k0 < b.max_row_count; k0 += block) {
+    const std::int64_t rows = std::max<std::int64_t>(0, std::min(block, b.row_count - k0));
     H5Handle fspace(H5Dget_space(dset.get()), H5Sclose);
     H5Handle mspace;
     T* ptr = &dummy;
     herr_t rc = fspace.valid() ? 0 : -1;
-    if (rc >= 0 && col_count > 0) {
-      const hsize_t start[2] = {hsize_t(r0), hsize_t(col_begin)};
-      const hsize_t count[2] = {hsize_t(rows), hsize_t(col_count)};
+    if (rc >= 0 && rows > 0 && b.col_count > 0) {
+      const hsize_t start[2] = {hsize_t(b.row_begin + k0), hsize_t(b.col_begin)};
+      const hsize_t count[2] = {hsize_t(rows), hsize_t(b.col_count)};
       rc = H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, count, nullptr);
       mspace = H5Handle(H5Screate_simple(2, count, nullptr), H5Sclose);
-      ptr = buf + r0 * col_count;
+      ptr = buf + k0 * b.col_count;
     } else if (rc >= 0) {
-      // This rank owns no columns: it still takes part in the collective transfer, with nothing selected.
+      // Nothing of this rank in this transfer: it still takes part in the collective, with nothing selected.
       rc = H5Sselect_none(fspace.get());
       const hsize_t one[1] = {1};
       mspace = H5Handle(H5Screate_simple(1, one, nullptr), H5Sclose);
@@ -329,8 +332,8 @@ void H5File::transfer_columns(bool write, const std::string& name, std::int64_t 
                  : H5Dread(dset.get(), native_type<T>(), mspace.get(), fspace.get(), m_dxpl.get(), ptr);
     }
     if (rc < 0)
-      err = with_detail("vpce: " + m_display + ": cannot " + verb + " rows " + std::to_string(r0) + ".." +
-                        std::to_string(r0 + rows) + " of dataset " + name);
+      err = with_detail("vpce: " + m_display + ": cannot " + verb + " rows " + std::to_string(b.row_begin + k0) +
+                        ".." + std::to_string(b.row_begin + k0 + rows) + " of dataset " + name);
     agree(m_comm, err);
   }
 }
@@ -338,13 +341,25 @@ void H5File::transfer_columns(bool write, const std::string& name, std::int64_t 
 template <class T>
 void H5File::read_columns(const std::string& name, std::int64_t n_rows, std::int64_t col_begin, std::int64_t col_count,
                           std::int64_t max_col_count, T* buf) const {
-  transfer_columns<T>(false, name, n_rows, col_begin, col_count, max_col_count, buf);
+  transfer_block<T>(false, name, Block{0, n_rows, n_rows, col_begin, col_count, max_col_count}, buf);
 }
 
 template <class T>
 void H5File::write_columns(const std::string& name, std::int64_t n_rows, std::int64_t col_begin, std::int64_t col_count,
                            std::int64_t max_col_count, const T* buf) {
-  transfer_columns<T>(true, name, n_rows, col_begin, col_count, max_col_count, const_cast<T*>(buf));
+  transfer_block<T>(true, name, Block{0, n_rows, n_rows, col_begin, col_count, max_col_count}, const_cast<T*>(buf));
+}
+
+template <class T>
+void H5File::read_rows(const std::string& name, std::int64_t row_begin, std::int64_t row_count,
+                       std::int64_t max_row_count, std::int64_t n_cols, T* buf) const {
+  transfer_block<T>(false, name, Block{row_begin, row_count, max_row_count, 0, n_cols, n_cols}, buf);
+}
+
+template <class T>
+void H5File::write_rows(const std::string& name, std::int64_t row_begin, std::int64_t row_count,
+                        std::int64_t max_row_count, std::int64_t n_cols, const T* buf) {
+  transfer_block<T>(true, name, Block{row_begin, row_count, max_row_count, 0, n_cols, n_cols}, const_cast<T*>(buf));
 }
 
 template <class T>
@@ -446,6 +461,53 @@ void H5File::close() {
   agree(m_comm, err);
 }
 
+void write_output(const Communicator& comm, const std::string& path, std::int64_t reserve_bytes,
+                  const std::function<void(H5File&)>& fill) {
+  long long pid = ::getpid();
+  VPCE_MPI_CHECK(MPI_Bcast(&pid, 1, MPI_LONG_LONG, 0, comm.comm()));
+  const std::string tmp = path + ".tmp." + std::to_string(pid);
+  // If the job is ended by a signal (mpiexec terminates the other ranks when one dies), the ranks still alive
+  // remove the temporary file: a killed job leaves neither OUT.h5 nor OUT.h5.tmp.* (unless every rank is
+  // killed outright).
+  const RemoveOnSignal remove_on_signal(tmp);
+  std::optional<H5File> out_file;
+  try {
+    out_file.emplace(H5File::create(tmp, comm, path));
+    H5File& out = *out_file;
+    // A full disk is found here, before anything is allocated in the file.
+    out.reserve_space(reserve_bytes);
+    fill(out);
+    fault_point("write");
+    out.close();
+    fault_point("rename");
+    // The commit: rank 0 renames only once every rank has closed the file and is still there to say so (a rank
+    // that died before this point leaves the others waiting here until mpiexec ends the job: no OUT.h5).
+    agree(comm, std::string(), false);
+    std::string err;
+    if (comm.rank() == 0 && std::rename(tmp.c_str(), path.c_str()) != 0)
+      err = "vpce: " + path + ": cannot rename " + tmp + " to it: " + std::strerror(errno);
+    agree(comm, err, false);
+  } catch (...) {
+    // Every rank gets here together (errors are agreed). Closing the file is collective, and a transfer that
+    // failed on some ranks only can leave HDF5 in states that differ between the ranks, so that the close never
+    // ends: the watchdog bounds it (it removes the file and ends the job).
+    std::string what = "vpce: " + path + ": writing failed";
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    {
+      const CleanupWatchdog watchdog(what, tmp, abort_timeout());
+      out_file.reset();
+      MPI_Barrier(comm.comm());
+    }
+    if (comm.rank() == 0) std::remove(tmp.c_str());
+    throw;
+  }
+}
+
 template void H5File::read_columns<float>(const std::string&, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
                                           float*) const;
 template void H5File::read_columns<double>(const std::string&, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
@@ -458,6 +520,14 @@ template void H5File::write_columns<float>(const std::string&, std::int64_t, std
                                            const float*);
 template void H5File::write_columns<double>(const std::string&, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
                                             const double*);
+template void H5File::read_rows<float>(const std::string&, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                                       float*) const;
+template void H5File::read_rows<double>(const std::string&, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                                        double*) const;
+template void H5File::write_rows<float>(const std::string&, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                                        const float*);
+template void H5File::write_rows<double>(const std::string&, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                                         const double*);
 template void H5File::read_all<std::int64_t>(const std::string&, std::int64_t, std::int64_t*) const;
 template void H5File::read_all<float>(const std::string&, std::int64_t, float*) const;
 template void H5File::read_all<double>(const std::string&, std::int64_t, double*) const;

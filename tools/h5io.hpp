@@ -9,6 +9,7 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,12 @@ class H5File {
   template <class T>
   void read_columns(const std::string& name, std::int64_t n_rows, std::int64_t col_begin, std::int64_t col_count,
                     std::int64_t max_col_count, T* buf) const;
+  /// Reads rows [row_begin, row_begin + row_count) of the 2-D dataset `name` (all its `n_cols` columns) into
+  /// `buf` (row-major); `max_row_count` is the largest row_count over the ranks (it sets the number of collective
+  /// transfers). A rank may have 0 rows. T: float or double.
+  template <class T>
+  void read_rows(const std::string& name, std::int64_t row_begin, std::int64_t row_count,
+                 std::int64_t max_row_count, std::int64_t n_cols, T* buf) const;
   /// Reads the whole 1-D dataset `name` (n entries) on every rank. T: float, double or std::int64_t.
   template <class T>
   void read_all(const std::string& name, std::int64_t n, T* buf) const;
@@ -113,6 +120,10 @@ class H5File {
   template <class T>
   void write_columns(const std::string& name, std::int64_t n_rows, std::int64_t col_begin, std::int64_t col_count,
                      std::int64_t max_col_count, const T* buf);
+  /// Writes this rank's rows of the 2-D dataset `name`; arguments as in read_rows.
+  template <class T>
+  void write_rows(const std::string& name, std::int64_t row_begin, std::int64_t row_count,
+                  std::int64_t max_row_count, std::int64_t n_cols, const T* buf);
   /// A string attribute on the root group, or on the object `object` (e.g. a dataset, "/grad_logits"); the
   /// same value on every rank.
   void write_attribute(const std::string& name, const std::string& value, const std::string& object = "/");
@@ -131,9 +142,15 @@ class H5File {
 
  private:
   H5File(const Communicator& comm, std::string path) : m_comm(comm), m_path(std::move(path)), m_display(m_path) {}
+  /// This rank's block of a 2-D dataset: rows [row_begin, row_begin + row_count) x columns [col_begin,
+  /// col_begin + col_count), and the largest row and column counts over the ranks.
+  struct Block {
+    std::int64_t row_begin, row_count, max_row_count, col_begin, col_count, max_col_count;
+  };
+  /// The one transfer of the read_/write_ columns and rows: ceil(max_row_count / R) collective transfers on every
+  /// rank, R the rows of max_col_count columns that fit in io_block_bytes(); a rank with nothing left selects none.
   template <class T>
-  void transfer_columns(bool write, const std::string& name, std::int64_t n_rows, std::int64_t col_begin,
-                        std::int64_t col_count, std::int64_t max_col_count, T* buf) const;
+  void transfer_block(bool write, const std::string& name, const Block& block, T* buf) const;
   [[noreturn]] void fail(const std::string& what) const;
 
   Communicator m_comm;
@@ -142,6 +159,16 @@ class H5File {
   H5Handle m_file;
   H5Handle m_dxpl;  // collective MPI-IO transfers
 };
+
+/// Writes the HDF5 file `path` the way every command writes its output: under the temporary name
+/// PATH.tmp.<pid of rank 0> (removed on SIGTERM/SIGINT/SIGHUP), of which rank 0 first reserves `reserve_bytes`
+/// on disk (H5File::reserve_space), then `fill` creates and writes its datasets and attributes, then the file is
+/// closed and rank 0 renames it to `path` once every rank has confirmed (the fault points "write" and "rename"
+/// of the test switch lie between). On any error (agreed: `fill` must use collective, error-agreeing calls) the
+/// temporary file is closed under a watchdog and removed, `path` is left as it was, and the error is rethrown.
+/// Collective.
+void write_output(const Communicator& comm, const std::string& path, std::int64_t reserve_bytes,
+                  const std::function<void(H5File&)>& fill);
 
 /// Bytes per collective transfer of a column block (env VPCE_IO_BLOCK_BYTES overrides, for tests): large
 /// files move in several transfers, each below MPI-IO's 2 GiB count limit.

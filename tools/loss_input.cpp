@@ -85,7 +85,8 @@ std::vector<std::int64_t> parse_partition(const Args& args, const std::string& t
 
 std::string dimensions(std::size_t n) { return std::to_string(n) + (n == 1 ? " dimension" : " dimensions"); }
 
-/// "has shape 6 x 23 x 1 (3 dimensions)", "is a scalar", "is empty (a null dataspace)".
+}  // namespace
+
 std::string shape_phrase(const DatasetInfo& info) {
   if (info.null_space) return "is empty (a null dataspace, no elements)";
   if (info.dims.empty()) return "is a scalar";
@@ -97,6 +98,8 @@ bool huge(const DatasetInfo& info) {
     if (d < 0) return true;  // above 2^63 in the file
   return false;
 }
+
+namespace {
 
 /// What /logits holds; `err` gets a message if it is not usable.
 LogitsType logits_type(const H5File& in, const DatasetInfo& li, std::string* err) {
@@ -130,39 +133,18 @@ LogitsType logits_type(const H5File& in, const DatasetInfo& li, std::string* err
 
 }  // namespace
 
-LossConfig parse_loss_args(const std::vector<std::string>& argv, int nranks) {
-  Args args("loss",
-            {{"input", true},
-             {"output", true},
-             {"grad", false},
-             {"grad-dtype", true},
-             {"lse", false},
-             {"strategy", true},
-             {"mode", true},
-             {"partition", true},
-             {"ignore-index", true},
-             {"reduction", true},
-             {"label-smoothing", true},
-             {"z-loss", true},
-             {"logit-scale", true},
-             {"softcap", true},
-             {"quiet", false}},
-            argv);
-  LossConfig cfg;
-  if (args.help()) {
-    cfg.help = true;
-    return cfg;
-  }
+std::vector<Args::Spec> loss_option_specs() {
+  return {{"input", true},        {"output", true},          {"grad", false},   {"strategy", true},
+          {"partition", true},    {"ignore-index", true},    {"reduction", true}, {"label-smoothing", true},
+          {"z-loss", true},       {"logit-scale", true},     {"softcap", true}, {"quiet", false}};
+}
+
+void parse_loss_options(const Args& args, int nranks, LossOptions* opt) {
+  LossOptions& cfg = *opt;
   cfg.input = args.required("input");
   cfg.output = args.required("output");
   cfg.grad = args.has("grad");
-  cfg.lse = args.has("lse");
   cfg.strategy = args.get_choice("strategy", "fused", {"fused", "seed"}) == "seed" ? Strategy::seed : Strategy::fused;
-  cfg.mode = args.get_choice("mode", "fused", {"fused", "stash", "recompute"});
-  if (args.has("grad-dtype")) {
-    cfg.grad_dtype = args.get_choice("grad-dtype", "", {"float32", "logits"});
-    if (!cfg.grad) args.usage_error("--grad-dtype " + cfg.grad_dtype + " needs --grad");
-  }
   cfg.quiet = args.has("quiet");
   cfg.ignore_index = args.get_int("ignore-index", -100, std::numeric_limits<std::int64_t>::min(),
                                   std::numeric_limits<std::int64_t>::max());
@@ -189,6 +171,36 @@ LossConfig parse_loss_args(const std::vector<std::string>& argv, int nranks) {
     if (static_cast<int>(cfg.partition.size()) != nranks)
       args.usage_error("--partition " + cfg.partition_text + " gives " + std::to_string(cfg.partition.size()) +
                        " sizes but there are " + std::to_string(nranks) + " ranks");
+  }
+}
+
+Options library_options(const LossOptions& cfg) {
+  Options opt;
+  opt.strategy = cfg.strategy;
+  opt.ignore_index = cfg.ignore_index;
+  opt.reduction = cfg.reduction;
+  opt.label_smoothing = cfg.label_smoothing;
+  opt.z_loss = cfg.z_loss;
+  opt.logit_scale = cfg.logit_scale;
+  opt.softcap = cfg.softcap;
+  return opt;
+}
+
+LossConfig parse_loss_args(const std::vector<std::string>& argv, int nranks) {
+  std::vector<Args::Spec> specs = loss_option_specs();
+  specs.insert(specs.end(), {{"grad-dtype", true}, {"lse", false}, {"mode", true}});
+  Args args("loss", specs, argv);
+  LossConfig cfg;
+  if (args.help()) {
+    cfg.help = true;
+    return cfg;
+  }
+  parse_loss_options(args, nranks, &cfg);
+  cfg.lse = args.has("lse");
+  cfg.mode = args.get_choice("mode", "fused", {"fused", "stash", "recompute"});
+  if (args.has("grad-dtype")) {
+    cfg.grad_dtype = args.get_choice("grad-dtype", "", {"float32", "logits"});
+    if (!cfg.grad) args.usage_error("--grad-dtype " + cfg.grad_dtype + " needs --grad");
   }
   return cfg;
 }
@@ -225,36 +237,64 @@ LossInput check_loss_input(const Communicator& comm, const H5File& in, const Los
   LossInput r;
   if (err.empty()) r.type = logits_type(in, li, &err);
   check(li.dims.size() == 2 && li.dims[1] == 0, "dataset /logits has 0 columns; the vocabulary must not be empty");
+  if (err.empty()) err = targets_metadata_error(file, ti, li.dims.size() == 2 ? li.dims[0] : -1, "/logits");
+  agree(comm, err);
+  r.n = li.dims[0];
+  r.v = li.dims[1];
+
+  check_partition_sum(cfg, r.v, "loss", "columns", "/logits", file);
+  return r;
+}
+
+std::string targets_metadata_error(const std::string& file, const DatasetInfo& ti, std::int64_t rows,
+                                   const std::string& rows_of) {
+  std::string err;
+  auto check = [&](bool bad, const std::string& what) {
+    if (err.empty() && bad) err = "vpce: " + file + ": " + what;
+  };
   check(!ti.exists, "no dataset /targets (expected N int64 target ids)");
   check(ti.exists && ti.type_name == "not a dataset", "/targets is not a dataset");
   check(ti.dims.size() != 1, "dataset /targets " + shape_phrase(ti) + "; expected 1 dimension (one target per token)");
   check(huge(ti), "dataset /targets has a dimension above 2^63");
   check(ti.kind != DatasetInfo::Kind::integer, "dataset /targets has type " + ti.type_name + "; expected int64");
-  check(ti.dims.size() == 1 && li.dims.size() == 2 && ti.dims[0] != li.dims[0],
-        "dataset /targets has " + std::to_string(ti.dims.empty() ? 0 : ti.dims[0]) + " entries but /logits has " +
-            std::to_string(li.dims.empty() ? 0 : li.dims[0]) + " rows");
-  agree(comm, err);
-  r.n = li.dims[0];
-  r.v = li.dims[1];
+  check(ti.dims.size() == 1 && rows >= 0 && ti.dims[0] != rows,
+        "dataset /targets has " + std::to_string(ti.dims.empty() ? 0 : ti.dims[0]) + " entries but " + rows_of +
+            " has " + std::to_string(rows) + " rows");
+  return err;
+}
 
-  if (cfg.have_partition) {
-    // Sizes are >= 0 (parse_loss_args); stop adding once past V, so the sum cannot overflow.
-    std::int64_t sum = 0;
-    bool over = false;
-    for (auto s : cfg.partition) {
-      if (s > r.v - sum) {
-        over = true;
-        break;
-      }
-      sum += s;
+void check_partition_sum(const LossOptions& cfg, std::int64_t v, const std::string& command, const std::string& unit,
+                         const std::string& dataset, const std::string& file) {
+  if (!cfg.have_partition) return;
+  // Sizes are >= 0 (parse_loss_options); stop adding once past v, so the sum cannot overflow.
+  std::int64_t sum = 0;
+  bool over = false;
+  for (auto s : cfg.partition) {
+    if (s > v - sum) {
+      over = true;
+      break;
     }
-    if (over || sum != r.v)
-      throw UsageError("vpce: loss: --partition " + cfg.partition_text + " adds up to " +
-                       (over ? std::string("more than ") + std::to_string(r.v) : std::to_string(sum)) +
-                       " columns but dataset /logits in " + file + " has " + std::to_string(r.v) +
-                       " (see 'vpce loss --help')");
+    sum += s;
   }
-  return r;
+  if (over || sum != v)
+    throw UsageError("vpce: " + command + ": --partition " + cfg.partition_text + " adds up to " +
+                     (over ? std::string("more than ") + std::to_string(v) : std::to_string(sum)) + " " + unit +
+                     " but dataset " + dataset + " in " + file + " has " + std::to_string(v) + " (see 'vpce " +
+                     command + " --help')");
+}
+
+bool too_large(std::initializer_list<std::array<std::int64_t, 3>> terms) {
+  using u128 = unsigned __int128;
+  const u128 limit = u128(1) << 62;
+  // Saturating: a product or sum at or above the limit stays there (every factor is below 2^63).
+  auto mul = [&](u128 a, std::int64_t b) { return b != 0 && a >= limit / u128(b) ? limit : a * u128(b); };
+  u128 total = 0;
+  for (const auto& t : terms) {
+    if (t[0] < 0 || t[1] < 0 || t[2] < 0) return true;
+    total += mul(mul(u128(t[0]), t[1]), t[2]);
+    if (total >= limit) return true;
+  }
+  return false;
 }
 
 std::string size_error(const std::string& file, std::int64_t n, std::int64_t v, std::int64_t max_cols,
@@ -262,9 +302,7 @@ std::string size_error(const std::string& file, std::int64_t n, std::int64_t v, 
   // The logits and a gradient of at most 8 bytes an element, then per row: target, loss, lse (8 bytes each at
   // most) and a record of the collective (32 bytes at most). Kept below 2^62 bytes: no size_t or ptrdiff_t
   // computation on the way (Kokkos', HDF5's, MPI's) can overflow.
-  using u128 = unsigned __int128;
-  const u128 limit = u128(1) << 62;
-  if (n < 0 || v < 0 || max_cols < 0 || u128(n) * u128(max_cols) * (elem_bytes + 8) + u128(n) * 56 >= limit)
+  if (v < 0 || too_large({{n, max_cols, std::int64_t(elem_bytes) + 8}, {n, 56, 1}}))
     return "vpce: " + file + ": dataset /logits has shape " + std::to_string(n) + " x " + std::to_string(v) +
            ": too large (" + std::to_string(max_cols) + " columns of it on one rank cannot be held in memory)";
   return {};

@@ -114,6 +114,7 @@ class RemoveOnSignal {
   RemoveOnSignal& operator=(const RemoveOnSignal&) = delete;
 };
 
+int cmd_linear(const Communicator& comm, const std::vector<std::string>& argv);
 int cmd_demo(const Communicator& comm, const std::vector<std::string>& argv);
 int cmd_bench(const Communicator& comm, const std::vector<std::string>& argv);
 

@@ -20,6 +20,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "command.hpp"
 #include "h5io.hpp"
 #include "loss_input.hpp"
 #include "tool.hpp"
@@ -40,6 +41,8 @@ int cmd_loss(const Communicator& comm, const std::vector<std::string>& argv);
 
 const Command commands[] = {
     {"loss", cmd_loss, "loss (and gradient) of the logits in an HDF5 file, the vocabulary split over the ranks"},
+    {"linear", cmd_linear,
+     "the LM head fused with the loss: loss (and gradients) of hidden x weight^T, chunk by chunk (Kokkos Kernels)"},
     {"bench", cmd_bench, "time the strategies and memory modes against a copy of the same logits"},
     {"demo", cmd_demo,
      "a realistic batch: check the strategies against each other and a float64 reference, then time them"},
@@ -77,15 +80,10 @@ std::string program_help() {
   return s;
 }
 
-std::string strip_prefix(const std::string& msg) { return msg.rfind("vpce: ", 0) == 0 ? msg.substr(6) : msg; }
-
 }  // namespace
 
 // ------------------------------------------------------------------------------------------------ loss
 
-namespace {
-
-/// Shortest text that reads back as the same double ("0.1", "1e-05").
 std::string number_text(double x) {
   for (int prec = 1; prec <= 17; ++prec) {
     std::ostringstream s;
@@ -96,28 +94,21 @@ std::string number_text(double x) {
   return std::to_string(x);
 }
 
-/// The name of a logits element type in messages and attributes.
-template <class S>
-const char* dtype_name() {
-  if constexpr (std::is_same_v<S, float>)
-    return "float32";
-  else if constexpr (std::is_same_v<S, double>)
-    return "float64";
-  else if constexpr (std::is_same_v<S, bfloat16>)
-    return "bfloat16";
-  else
-    return "float16";
+void write_common_attributes(H5File& out, const Communicator& comm, const LossOptions& cfg, std::int64_t n_valid) {
+  out.write_attribute("vpce_version", VPCE_VERSION_STRING);
+  out.write_attribute("input", cfg.input);
+  out.write_attribute("strategy", to_string(cfg.strategy));
+  out.write_attribute("ranks", std::to_string(comm.size()));
+  out.write_attribute("reduction", to_string(cfg.reduction));
+  out.write_attribute("ignore_index", std::to_string(cfg.ignore_index));
+  out.write_attribute("label_smoothing", number_text(cfg.label_smoothing));
+  out.write_attribute("z_loss", number_text(cfg.z_loss));
+  out.write_attribute("logit_scale", number_text(cfg.logit_scale));
+  out.write_attribute("softcap", number_text(cfg.softcap));
+  out.write_attribute("num_valid", std::to_string(n_valid));
 }
 
-template <class S>
-hid_t little_endian_type() {
-  if constexpr (std::is_same_v<S, float>)
-    return H5T_IEEE_F32LE;
-  else if constexpr (std::is_same_v<S, double>)
-    return H5T_IEEE_F64LE;
-  else
-    return H5T_STD_U16LE;  // 16-bit logits and gradients: their bits, tagged with a dtype attribute
-}
+namespace {
 
 /// Scalar: the logits' type (float, double, bfloat16, float16). Loss and lse are in its compute type; the
 /// gradient is computed in the compute type or, for 16-bit logits with --grad-dtype logits, in Scalar.
@@ -193,15 +184,8 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, std::
   fault_point("collective");
   collectively(comm, [&] {
     try {
-      Options opt;
-      opt.strategy = cfg.strategy;
+      Options opt = library_options(cfg);
       opt.mode = cfg.mode == "stash" ? Mode::stash_softmax : Mode::recompute;
-      opt.ignore_index = cfg.ignore_index;
-      opt.reduction = cfg.reduction;
-      opt.label_smoothing = cfg.label_smoothing;
-      opt.z_loss = cfg.z_loss;
-      opt.logit_scale = cfg.logit_scale;
-      opt.softcap = cfg.softcap;
       CE ce(comm, part, opt);
       // grad_scale 1: the gradient of the sum of the per-token losses (none), of the sum (sum) or of the mean
       // (mean: the library divides by the number of non-ignored tokens).
@@ -241,25 +225,15 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, std::
   Kokkos::deep_copy(h_grad_t, grad_t);
 
   // Write under a temporary name; rename when every rank has closed it.
-  long long pid = ::getpid();
-  VPCE_MPI_CHECK(MPI_Bcast(&pid, 1, MPI_LONG_LONG, 0, comm.comm()));
-  const std::string tmp = cfg.output + ".tmp." + std::to_string(pid);
-  // If the job is ended by a signal (mpiexec terminates the other ranks when one dies), the ranks still alive
-  // remove the temporary file: a killed job leaves neither OUT.h5 nor OUT.h5.tmp.* (unless every rank is
-  // killed outright).
-  const RemoveOnSignal remove_on_signal(tmp);
-  std::optional<H5File> out_file;
-  try {
-    out_file.emplace(H5File::create(tmp, comm, cfg.output));
-    H5File& out = *out_file;
-    // A full disk is found here, before anything is allocated in the file: the metadata block, the datasets, and
-    // room for the small-data block and rounding.
-    const std::int64_t grad_elem = !cfg.grad         ? 0
-                                   : grad_in_storage ? std::int64_t(sizeof(Scalar))
-                                   : grad_as_float32 ? 4
-                                                     : std::int64_t(sizeof(T));
-    out.reserve_space(64 * 1024 + (reduced ? 1 : n) * std::int64_t(sizeof(T)) + n * v * grad_elem +
-                      (cfg.lse ? n * std::int64_t(sizeof(T)) : 0) + 64 * 1024);
+  // A full disk is found before anything is allocated in the file: the metadata block, the datasets, and room for
+  // the small-data block and rounding.
+  const std::int64_t grad_elem = !cfg.grad         ? 0
+                                 : grad_in_storage ? std::int64_t(sizeof(Scalar))
+                                 : grad_as_float32 ? 4
+                                                   : std::int64_t(sizeof(T));
+  const std::int64_t reserve = 64 * 1024 + (reduced ? 1 : n) * std::int64_t(sizeof(T)) + n * v * grad_elem +
+                               (cfg.lse ? n * std::int64_t(sizeof(T)) : 0) + 64 * 1024;
+  write_output(comm, cfg.output, reserve, [&](H5File& out) {
     out.create_dataset("/loss", {reduced ? 1 : n}, little_endian_type<T>());
     if (cfg.grad) {
       const hid_t type = grad_in_storage   ? little_endian_type<Scalar>()
@@ -269,19 +243,9 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, std::
       if (grad_in_storage) out.write_attribute("dtype", dtype_name<Scalar>(), "/grad_logits");
     }
     if (cfg.lse) out.create_dataset("/lse", {n}, little_endian_type<T>());
-    out.write_attribute("vpce_version", VPCE_VERSION_STRING);
-    out.write_attribute("input", cfg.input);
     out.write_attribute("logits_dtype", dtype_name<Scalar>());
-    out.write_attribute("strategy", to_string(cfg.strategy));
     out.write_attribute("mode", cfg.grad ? cfg.mode : std::string("forward"));
-    out.write_attribute("ranks", std::to_string(comm.size()));
-    out.write_attribute("reduction", to_string(cfg.reduction));
-    out.write_attribute("ignore_index", std::to_string(cfg.ignore_index));
-    out.write_attribute("label_smoothing", number_text(cfg.label_smoothing));
-    out.write_attribute("z_loss", number_text(cfg.z_loss));
-    out.write_attribute("logit_scale", number_text(cfg.logit_scale));
-    out.write_attribute("softcap", number_text(cfg.softcap));
-    out.write_attribute("num_valid", std::to_string(n_valid));
+    write_common_attributes(out, comm, cfg, n_valid);
     if (reduced) {
       const T value = T(reduced_loss);
       out.write_all<T>("/loss", 1, &value, 0);
@@ -295,35 +259,7 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, std::
     } else if (cfg.grad) {
       out.write_columns<T>("/grad_logits", n, part.begin(), vl, max_vl, h_grad_t.data());
     }
-    fault_point("write");
-    out.close();
-    fault_point("rename");
-    // The commit: rank 0 renames only once every rank has closed the file and is still there to say so (a rank
-    // that died before this point leaves the others waiting here until mpiexec ends the job: no OUT.h5).
-    agree(comm, std::string(), false);
-    std::string err;
-    if (comm.rank() == 0 && std::rename(tmp.c_str(), cfg.output.c_str()) != 0)
-      err = "vpce: " + cfg.output + ": cannot rename " + tmp + " to it: " + std::strerror(errno);
-    agree(comm, err, false);
-  } catch (...) {
-    // Every rank gets here together (errors are agreed). Closing the file is collective, and a transfer that
-    // failed on some ranks only can leave HDF5 in states that differ between the ranks, so that the close never
-    // ends: the watchdog bounds it (it removes the file and ends the job).
-    std::string what = "vpce: " + cfg.output + ": writing failed";
-    try {
-      throw;
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    {
-      const CleanupWatchdog watchdog(what, tmp, abort_timeout());
-      out_file.reset();
-      MPI_Barrier(comm.comm());
-    }
-    if (comm.rank() == 0) std::remove(tmp.c_str());
-    throw;
-  }
+  });
 
   if (!cfg.quiet) {
     std::ostringstream msg;
