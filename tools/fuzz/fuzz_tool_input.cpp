@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "h5io.hpp"
+#include "linear_input.hpp"
 #include "loss_input.hpp"
 #include "tool.hpp"
 #include "vpce/communicator.hpp"
@@ -66,6 +67,7 @@ const char* const tokens[] = {
     "inf", "-inf", "infinity", "1e308", "1e309", "-1e309", "1e-400", "0x1p-3", "0x", " 1", "1 ", "", "5,5",
     "23,0", ",", "1,", ",1", "9223372036854775807", "9223372036854775808", "-9223372036854775808",
     "-9223372036854775809", "9223372036854775807,1", "18446744073709551615", "--kokkos-num-threads=2", "abc",
+    "--chunk-rows", "--chunk-rows=", "linear",
 };
 // clang-format on
 
@@ -106,6 +108,22 @@ void fuzz_args(FuzzedDataProvider& fdp) {
     }
   } catch (const UsageError& e) {
     check_message(e.what(), "(see 'vpce loss --help')");
+  }
+  // The same line as `vpce linear`'s.
+  try {
+    const LinearConfig cfg = parse_linear_args(argv, nranks);
+    if (!cfg.help) {
+      if (cfg.input.empty() || cfg.output.empty()) bug("linear: empty --input or --output accepted");
+      if (cfg.chunk_rows < 0) bug("linear: a negative --chunk-rows accepted");
+      if (!(cfg.label_smoothing >= 0 && cfg.label_smoothing <= 1)) bug("linear: label smoothing outside [0, 1]");
+      if (!(std::isfinite(cfg.z_loss) && cfg.z_loss >= 0)) bug("linear: bad --z-loss accepted");
+      if (!(std::isfinite(cfg.logit_scale) && cfg.logit_scale > 0)) bug("linear: bad --logit-scale accepted");
+      if (!(std::isfinite(cfg.softcap) && cfg.softcap >= 0)) bug("linear: bad --softcap accepted");
+      if (cfg.have_partition && static_cast<int>(cfg.partition.size()) != nranks)
+        bug("linear: a partition of the wrong length accepted");
+    }
+  } catch (const UsageError& e) {
+    check_message(e.what(), "(see 'vpce linear --help')");
   }
   // The conversions of the other commands' options (Args::get_int / get_double with their ranges).
   try {
@@ -343,7 +361,7 @@ void add_object(FuzzedDataProvider& fdp, hid_t file, const char* name, bool is_l
 }
 
 /// Builds g_path from the fuzz bytes; returns false if the file could not be made.
-bool build_file(FuzzedDataProvider& fdp) {
+bool build_file(FuzzedDataProvider& fdp, bool linear) {
   const int kind = fdp.ConsumeIntegralInRange<int>(0, 15);
   if (kind == 0) {  // not HDF5 at all (empty, text, or a fuzz-chosen prefix of an HDF5 signature)
     std::FILE* f = std::fopen(g_path.c_str(), "wb");
@@ -356,10 +374,16 @@ bool build_file(FuzzedDataProvider& fdp) {
   }
   hid_t file = H5Fcreate(g_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   if (file < 0) return false;
-  const bool logits_first = fdp.ConsumeBool();
-  if (logits_first) add_object(fdp, file, "logits", true);
-  add_object(fdp, file, "targets", false);
-  if (!logits_first) add_object(fdp, file, "logits", true);
+  if (linear) {  // `vpce linear`'s /hidden, /weight, /targets (the 2-D ones made like /logits)
+    add_object(fdp, file, "hidden", true);
+    add_object(fdp, file, "weight", true);
+    add_object(fdp, file, "targets", false);
+  } else {
+    const bool logits_first = fdp.ConsumeBool();
+    if (logits_first) add_object(fdp, file, "logits", true);
+    add_object(fdp, file, "targets", false);
+    if (!logits_first) add_object(fdp, file, "logits", true);
+  }
   if (fdp.ConsumeIntegralInRange<int>(0, 7) == 0) add_object(fdp, file, "extra", false);
   H5Fclose(file);
   H5Eclear2(H5E_DEFAULT);
@@ -375,8 +399,14 @@ bool build_file(FuzzedDataProvider& fdp) {
   return true;
 }
 
+void fuzz_linear_file(FuzzedDataProvider& fdp);
+
 void fuzz_file(FuzzedDataProvider& fdp) {
-  if (!build_file(fdp)) return;
+  if (fdp.ConsumeIntegralInRange<int>(0, 2) == 0) {
+    fuzz_linear_file(fdp);
+    return;
+  }
+  if (!build_file(fdp, false)) return;
   LossConfig cfg;
   cfg.input = g_path;
   cfg.output = g_path + ".out";
@@ -441,6 +471,82 @@ void fuzz_file(FuzzedDataProvider& fdp) {
         in.read_columns<std::uint16_t>("/logits", input.n, begin, cols, max_cols, buf.data());
         break;
       }
+    }
+    in.read_all<std::int64_t>("/targets", input.n, targets.data());
+    in.close();
+    const std::string terr = targets_error(g_path, targets.data(), input.n, input.v, cfg.ignore_index);
+    if (!terr.empty()) check_message(terr, g_path);
+  } catch (const UsageError& e) {
+    bug("UsageError from the file checks: " + std::string(e.what()));
+  } catch (const Error& e) {
+    check_message(e.what(), g_path);
+  }
+}
+
+/// A --partition of 1 to 4 sizes (as parse_loss_options gives), or none.
+void fuzz_partition(FuzzedDataProvider& fdp, LossOptions* cfg) {
+  if (fdp.ConsumeIntegralInRange<int>(0, 3) != 0) return;
+  cfg->have_partition = true;
+  const int parts = fdp.ConsumeIntegralInRange<int>(1, 4);
+  for (int k = 0; k < parts; ++k) {
+    const std::int64_t size = fdp.ConsumeBool() ? std::int64_t(fdp.ConsumeIntegralInRange<int>(0, 40))
+                                                : fdp.ConsumeIntegralInRange<std::int64_t>(0, INT64_MAX);
+    cfg->partition.push_back(size);
+    cfg->partition_text += (k ? "," : "") + std::to_string(size);
+  }
+}
+
+/// What `vpce linear` does before computing: check_linear_input, linear_size_error, reading /hidden (all rows),
+/// this rank's rows of /weight and /targets, targets_error.
+void fuzz_linear_file(FuzzedDataProvider& fdp) {
+  if (!build_file(fdp, true)) return;
+  LinearConfig cfg;
+  cfg.input = g_path;
+  cfg.output = g_path + ".out";
+  cfg.ignore_index = fdp.ConsumeBool() ? -100 : fdp.ConsumeIntegral<std::int64_t>();
+  cfg.chunk_rows = fdp.ConsumeBool() ? 0 : fdp.ConsumeIntegralInRange<std::int64_t>(0, INT64_MAX);
+  fuzz_partition(fdp, &cfg);
+  const int ranks = fdp.ConsumeIntegralInRange<int>(1, 4);
+  const int my = fdp.ConsumeIntegralInRange<int>(0, ranks - 1);
+  try {
+    H5File in = H5File::open_read(g_path, *g_comm);
+    LinearInput input;
+    try {
+      input = check_linear_input(*g_comm, in, cfg);
+    } catch (const UsageError& e) {
+      check_message(e.what(), g_path);
+      if (!cfg.have_partition) bug("UsageError without --partition: " + std::string(e.what()));
+      return;
+    }
+    if (input.n < 0 || input.h < 1 || input.v < 1)
+      bug("check_linear_input accepted N = " + std::to_string(input.n) + ", H = " + std::to_string(input.h) +
+          ", V = " + std::to_string(input.v));
+    if (cfg.have_partition) {
+      __int128 sum = 0;
+      for (auto p : cfg.partition) sum += p;
+      if (sum != input.v) bug("a partition that does not add up to V accepted: " + cfg.partition_text);
+    }
+    const std::int64_t base = input.v / ranks, extra = input.v % ranks;
+    const std::int64_t rows = base + (my < extra ? 1 : 0);
+    const std::int64_t begin = my * base + std::min<std::int64_t>(my, extra);
+    const std::int64_t max_rows = base + (extra ? 1 : 0);
+    const std::size_t elem = input.type == HiddenType::float64 ? 8 : 4;
+    const std::string size_err =
+        linear_size_error(g_path, input.n, input.h, input.v, max_rows, cfg.chunk_rows, elem);
+    if (!size_err.empty()) {
+      check_message(size_err, g_path);
+      return;
+    }
+    if (input.n > 4096 || input.n * input.h > (1 << 18) || rows * input.h > (1 << 18)) return;
+    std::vector<std::int64_t> targets(std::size_t(input.n) + 1);
+    if (input.type == HiddenType::float64) {
+      std::vector<double> hb(std::size_t(input.n * input.h) + 1), wb(std::size_t(rows * input.h) + 1);
+      in.read_rows<double>("/hidden", 0, input.n, input.n, input.h, hb.data());
+      in.read_rows<double>("/weight", begin, rows, max_rows, input.h, wb.data());
+    } else {
+      std::vector<float> hb(std::size_t(input.n * input.h) + 1), wb(std::size_t(rows * input.h) + 1);
+      in.read_rows<float>("/hidden", 0, input.n, input.n, input.h, hb.data());
+      in.read_rows<float>("/weight", begin, rows, max_rows, input.h, wb.data());
     }
     in.read_all<std::int64_t>("/targets", input.n, targets.data());
     in.close();
