@@ -12,7 +12,15 @@ template <class T>
 void merge_op(void* in, void* inout, int* len, MPI_Datatype*) {
   const auto* a = static_cast<const RowStats<T>*>(in);
   auto* b = static_cast<RowStats<T>*>(inout);
-  for (int i = 0; i < *len; ++i) b[i] = merge(a[i], b[i]);
+  for (int i = 0; i < *len; ++i) {
+    if (b[i].s < T(0)) {  // a status record (encode_status_records): fieldwise max
+      b[i].m = a[i].m > b[i].m ? a[i].m : b[i].m;
+      b[i].t = a[i].t > b[i].t ? a[i].t : b[i].t;
+      b[i].a = a[i].a > b[i].a ? a[i].a : b[i].a;
+    } else {
+      b[i] = merge(a[i], b[i]);
+    }
+  }
 }
 constexpr std::int64_t max_count = INT_MAX / 4;
 }  // namespace

@@ -1,12 +1,88 @@
 // Bad input gets a vpce::Error on EVERY rank, with the same message everywhere (DESIGN.md section 7), never a
-// hang; after each error a normal call shows that the ranks are still in step.
+// hang; after each error a normal call shows that the ranks are still in step. The checks' outcome travels
+// inside the call's first collective: the MPI calls of every call are counted here (PMPI wrappers below) and
+// must be exactly the collectives of the strategy; after an input error no output has been touched.
 
 #include <gtest/gtest.h>
+#include <mpi.h>
 
+#include <atomic>
 #include <string>
 #include <vector>
 
 #include "test_utils.hpp"
+
+// ---------------------------------------------------------------------------------------------------------
+// Counting MPI calls: this executable defines the MPI functions a library could communicate with, counts
+// each call and forwards it to the PMPI entry point (the MPI profiling interface). The library's calls
+// resolve to these (it is linked into this executable), so do the tests' own.
+
+namespace vpce_test {
+std::atomic<long> g_mpi_calls{0};
+}  // namespace vpce_test
+
+#define VPCE_COUNT_CALL ++vpce_test::g_mpi_calls
+extern "C" {
+int MPI_Allreduce(const void* s, void* r, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c) {
+  VPCE_COUNT_CALL;
+  return PMPI_Allreduce(s, r, n, t, op, c);
+}
+int MPI_Iallreduce(const void* s, void* r, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c, MPI_Request* q) {
+  VPCE_COUNT_CALL;
+  return PMPI_Iallreduce(s, r, n, t, op, c, q);
+}
+int MPI_Reduce(const void* s, void* r, int n, MPI_Datatype t, MPI_Op op, int root, MPI_Comm c) {
+  VPCE_COUNT_CALL;
+  return PMPI_Reduce(s, r, n, t, op, root, c);
+}
+int MPI_Bcast(void* b, int n, MPI_Datatype t, int root, MPI_Comm c) {
+  VPCE_COUNT_CALL;
+  return PMPI_Bcast(b, n, t, root, c);
+}
+int MPI_Allgather(const void* s, int sn, MPI_Datatype st, void* r, int rn, MPI_Datatype rt, MPI_Comm c) {
+  VPCE_COUNT_CALL;
+  return PMPI_Allgather(s, sn, st, r, rn, rt, c);
+}
+int MPI_Allgatherv(const void* s, int sn, MPI_Datatype st, void* r, const int* rn, const int* d, MPI_Datatype rt,
+                   MPI_Comm c) {
+  VPCE_COUNT_CALL;
+  return PMPI_Allgatherv(s, sn, st, r, rn, d, rt, c);
+}
+int MPI_Gather(const void* s, int sn, MPI_Datatype st, void* r, int rn, MPI_Datatype rt, int root, MPI_Comm c) {
+  VPCE_COUNT_CALL;
+  return PMPI_Gather(s, sn, st, r, rn, rt, root, c);
+}
+int MPI_Alltoall(const void* s, int sn, MPI_Datatype st, void* r, int rn, MPI_Datatype rt, MPI_Comm c) {
+  VPCE_COUNT_CALL;
+  return PMPI_Alltoall(s, sn, st, r, rn, rt, c);
+}
+int MPI_Barrier(MPI_Comm c) {
+  VPCE_COUNT_CALL;
+  return PMPI_Barrier(c);
+}
+int MPI_Send(const void* b, int n, MPI_Datatype t, int dest, int tag, MPI_Comm c) {
+  VPCE_COUNT_CALL;
+  return PMPI_Send(b, n, t, dest, tag, c);
+}
+int MPI_Recv(void* b, int n, MPI_Datatype t, int src, int tag, MPI_Comm c, MPI_Status* st) {
+  VPCE_COUNT_CALL;
+  return PMPI_Recv(b, n, t, src, tag, c, st);
+}
+int MPI_Isend(const void* b, int n, MPI_Datatype t, int dest, int tag, MPI_Comm c, MPI_Request* q) {
+  VPCE_COUNT_CALL;
+  return PMPI_Isend(b, n, t, dest, tag, c, q);
+}
+int MPI_Irecv(void* b, int n, MPI_Datatype t, int src, int tag, MPI_Comm c, MPI_Request* q) {
+  VPCE_COUNT_CALL;
+  return PMPI_Irecv(b, n, t, src, tag, c, q);
+}
+int MPI_Sendrecv(const void* sb, int sn, MPI_Datatype st, int dest, int stag, void* rb, int rn, MPI_Datatype rt,
+                 int src, int rtag, MPI_Comm c, MPI_Status* status) {
+  VPCE_COUNT_CALL;
+  return PMPI_Sendrecv(sb, sn, st, dest, stag, rb, rn, rt, src, rtag, c, status);
+}
+}  // extern "C"
+#undef VPCE_COUNT_CALL
 
 namespace {
 
@@ -355,6 +431,240 @@ TYPED_TEST(ErrorTest, PartitionFromAPermutedCommunicator) {
                               "the partition was made for rank " + std::to_string(world_size() - 1));
   }
   MPI_Comm_free(&reversed);
+  typename TestFixture::cross_entropy ce(this->comm, this->part);
+  expect_in_step<TypeParam>(ce);
+}
+
+}  // namespace
+
+namespace {
+
+/// MPI calls made by f() on this rank.
+template <class F>
+long mpi_calls(F&& f) {
+  const long before = vpce_test::g_mpi_calls.load();
+  f();
+  return vpce_test::g_mpi_calls.load() - before;
+}
+
+/// The collectives an error-free call makes: fused, one all-reduce per block, the first block head_rows()
+/// rows (its all-reduce always there, also for N = 0); seed, MAX (a second one beyond seed_head_rows rows),
+/// SUM of exp, SUM of the target logit, and a SUM of the logit sums with label smoothing.
+template <class CE>
+long expected_collectives(const CE& ce, std::int64_t n) {
+  if (ce.options().strategy == vpce::Strategy::seed) {
+    const long sums = n == 0 ? 0 : (ce.options().label_smoothing > 0 ? 3 : 2);
+    return 1 + (n > 8192 ? 1 : 0) + sums;
+  }
+  const std::int64_t rest = std::max<std::int64_t>(0, n - ce.head_rows());
+  return 1 + static_cast<long>((rest + ce.block_rows() - 1) / ce.block_rows());
+}
+
+template <class C>
+class CollectiveCountTest : public ::testing::Test {};
+TYPED_TEST_SUITE(CollectiveCountTest, AllConfigs, ConfigName);
+
+// The counting wrappers see the calls at all (else every count below would be meaningless).
+TYPED_TEST(CollectiveCountTest, WrappersCount) {
+  EXPECT_EQ(mpi_calls([] { MPI_Barrier(MPI_COMM_WORLD); }), 1);
+}
+
+// Every error-free forward() / loss_and_grad() makes exactly the collectives of its strategy (no separate
+// agreement on the input checks), backward() none; for several N (0, small, several blocks, beyond the seed's
+// first MAX), block sizes and both strategies. The numbers of the calls are asserted, and printed once.
+TYPED_TEST(CollectiveCountTest, ExactlyTheCollectivesOfTheStrategy) {
+  using C = TypeParam;
+  using scalar = typename C::scalar;
+  const vpce::Communicator comm(MPI_COMM_WORLD);
+  const auto part = vpce::VocabPartition::even(13, comm);
+  for (auto strategy : {vpce::Strategy::fused, vpce::Strategy::seed}) {
+    for (std::int64_t block_rows : {std::int64_t(0), std::int64_t(3)}) {
+      for (double smoothing : {0.0, 0.1}) {
+        vpce::Options opt;
+        opt.strategy = strategy;
+        opt.block_rows = block_rows;
+        opt.label_smoothing = smoothing;
+        opt.mode = vpce::Mode::recompute;
+        typename C::cross_entropy ce(comm, part, opt);
+        for (std::int64_t n : {0, 2, 7, 8200}) {
+          if (n == 8200 && (block_rows != 0 || smoothing > 0)) continue;  // one large case per strategy is enough
+          SCOPED_TRACE(describe(opt) + ", smoothing " + std::to_string(smoothing) + ", N " + std::to_string(n));
+          const Problem p = make_problem<scalar>(n, part.vocab_size(), 3);
+          const auto in = make_local<C>(p, part);
+          auto loss = poisoned_vector<C>(n);
+          auto grad = poisoned_matrix<C>(n, part.local_size());
+          const long want = expected_collectives(ce, n);
+          const long fused = mpi_calls([&] { ce.loss_and_grad(in.x, in.y, loss, grad, in.g); });
+          const long fwd = mpi_calls([&] { ce.forward(in.x, in.y, loss); });
+          const long bwd = mpi_calls([&] { ce.backward(in.g, grad); });
+          EXPECT_EQ(fused, want) << "loss_and_grad";
+          EXPECT_EQ(fwd, want) << "forward";
+          EXPECT_EQ(bwd, 0) << "backward";
+          if (n == 8200) {  // the results of the large case are right too (rows beyond the heads)
+            const Reference ref = reference(p, opt);
+            expect_allclose(to_host(loss), ref.loss, Tolerance<scalar>::loss, "N 8200: loss");
+          }
+          if (world_rank() == 0 && block_rows == 3 && smoothing == 0 && n == 7 && std::is_same_v<scalar, float>) {
+            std::printf("[collectives] %s, N 7, block_rows 3 (head %lld): loss_and_grad %ld MPI calls\n",
+                        vpce::to_string(strategy), static_cast<long long>(ce.head_rows()), fused);
+          }
+        }
+      }
+    }
+  }
+}
+
+// On the error path the first collective is followed by the agreement on the message (a MAX of a few int64,
+// then broadcasts of the text's length and of the text): four calls in all, on every rank.
+TYPED_TEST(CollectiveCountTest, ErrorPathAddsTheAgreement) {
+  using C = TypeParam;
+  const vpce::Communicator comm(MPI_COMM_WORLD);
+  const auto part = vpce::VocabPartition::even(13, comm);
+  const Problem p = make_problem<typename C::scalar>(7, part.vocab_size(), 3);
+  auto in = make_local<C>(p, part);
+  Kokkos::deep_copy(Kokkos::subview(in.y, 3), std::int64_t(13));  // out of range
+  for (auto strategy : {vpce::Strategy::fused, vpce::Strategy::seed}) {
+    vpce::Options opt;
+    opt.strategy = strategy;
+    typename C::cross_entropy ce(comm, part, opt);
+    auto loss = poisoned_vector<C>(p.n);
+    const long calls = mpi_calls([&] {
+      try {
+        ce.forward(in.x, in.y, loss);
+      } catch (const vpce::Error&) {
+      }
+    });
+    EXPECT_EQ(calls, 4) << describe(opt);
+    expect_in_step<C>(ce);
+  }
+}
+
+/// Outputs filled with `value` (not NaN: an untouched output is told apart from a poisoned one).
+template <class C>
+Kokkos::View<typename C::scalar**, Kokkos::LayoutRight, typename C::memory_space> filled_matrix(std::int64_t n,
+                                                                                                std::int64_t w,
+                                                                                                double value) {
+  Kokkos::View<typename C::scalar**, Kokkos::LayoutRight, typename C::memory_space> v("filled", n, w);
+  Kokkos::deep_copy(v, typename C::scalar(value));
+  return v;
+}
+
+/// EXPECTs every element of `got` equal to `want` (bit for bit; both host copies).
+inline void expect_unchanged(const std::vector<double>& got, const std::vector<double>& want, const std::string& what) {
+  int changed = 0;
+  for (std::size_t k = 0; k < got.size() && k < want.size(); ++k) changed += !(got[k] == want[k]);
+  EXPECT_EQ(got.size(), want.size()) << what;
+  EXPECT_EQ(changed, 0) << "rank " << world_rank() << ": " << what << ": " << changed << " elements written";
+}
+
+template <class C>
+class UntouchedOutputsTest : public ::testing::Test {};
+TYPED_TEST_SUITE(UntouchedOutputsTest, AllConfigs, ConfigName);
+
+// After an input error no output is touched on any rank: not the loss, not the gradient, not the logits of
+// an in-place call, not even on the ranks whose own inputs were fine (which ran the first block's statistics
+// before the ranks agreed). Cases: N differs (no rank can see it alone), the loss too long on rank 0 only, a
+// target out of range; fused (blocks of 3 rows and automatic) and seed, both memory modes.
+TYPED_TEST(UntouchedOutputsTest, InputErrorsLeaveOutputsUntouched) {
+  using C = TypeParam;
+  using scalar = typename C::scalar;
+  const vpce::Communicator comm(MPI_COMM_WORLD);
+  const auto part = vpce::VocabPartition::even(29, comm);
+  const std::int64_t w = part.local_size();
+  const int rank = comm.rank();
+  struct Case {
+    const char* name;
+    std::int64_t n;        // this rank's N
+    std::int64_t loss_n;   // this rank's loss length
+    std::int64_t bad_row;  // row whose target is out of range, or -1
+    const char* needle;
+  };
+  const bool several = comm.size() > 1;
+  std::vector<Case> cases = {
+      {"loss too long on rank 0", 8, rank == 0 ? 9 : 8, -1, "the loss has 9 entries, expected 8"},
+      {"target out of range", 8, 8, 5, "target 29 of row 5 is outside [0, 29)"}};
+  if (several) cases.push_back({"N differs", rank == 1 ? 9 : 8, rank == 1 ? 9 : 8, -1, "N differs between ranks"});
+  for (const auto& c : cases) {
+    Problem p = make_problem<scalar>(c.n, part.vocab_size(), 7);
+    if (c.bad_row >= 0) p.y[c.bad_row] = part.vocab_size();
+    const auto in = make_local<C>(p, part);
+    for (auto strategy : {vpce::Strategy::fused, vpce::Strategy::seed}) {
+      for (std::int64_t block_rows : {std::int64_t(0), std::int64_t(3)}) {
+        for (auto mode : {vpce::Mode::recompute, vpce::Mode::stash_softmax}) {
+          vpce::Options opt;
+          opt.strategy = strategy;
+          opt.block_rows = block_rows;
+          opt.mode = mode;
+          SCOPED_TRACE(std::string(c.name) + ", " + describe(opt));
+          typename C::cross_entropy ce(comm, part, opt);
+          typename C::cross_entropy::loss_view loss_v("loss", c.loss_n);
+          Kokkos::deep_copy(loss_v, scalar(2.5));
+          auto grad = filled_matrix<C>(c.n, w, 3.5);
+          auto logits = filled_matrix<C>(c.n, w, 0);  // in place: the logits in the gradient's buffer
+          Kokkos::deep_copy(logits, in.x);
+          const auto loss0 = to_host(loss_v), grad0 = to_host(grad), logits0 = to_host(logits);
+          expect_error_on_all_ranks([&] { ce.loss_and_grad(in.x, in.y, loss_v, grad, in.g); }, c.needle);
+          expect_unchanged(to_host(loss_v), loss0, "loss after loss_and_grad");
+          expect_unchanged(to_host(grad), grad0, "gradient after loss_and_grad");
+          expect_error_on_all_ranks([&] { ce.loss_and_grad(logits, in.y, loss_v, logits, scalar(0.5)); }, c.needle);
+          expect_unchanged(to_host(logits), logits0, "logits after an in-place loss_and_grad");
+          expect_error_on_all_ranks([&] { ce.forward(in.x, in.y, loss_v); }, c.needle);
+          expect_unchanged(to_host(loss_v), loss0, "loss after forward");
+          EXPECT_EQ(ce.lse().extent(0), 0u) << "lse() after a failed call";
+          expect_in_step<C>(ce);
+        }
+      }
+    }
+  }
+}
+
+// N differs between ranks on either side of the first block (the head): 0 against some, fewer than the head
+// rows against more, and around the seed strategy's first MAX (8192 rows). The first collective has the same
+// size on every rank whatever N is, so no rank hangs: every rank throws.
+TYPED_TEST(ErrorTest, TokenCountDiffersAroundTheFirstBlock) {
+  if (world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  using C = TypeParam;
+  using scalar = typename C::scalar;
+  const bool me = this->comm.rank() == world_size() - 1;
+  struct Case {
+    vpce::Strategy strategy;
+    std::int64_t block_rows, n_others, n_last;
+  };
+  const Case cases[] = {{vpce::Strategy::fused, 3, 5, 0},     {vpce::Strategy::fused, 3, 2, 11},
+                        {vpce::Strategy::fused, 0, 7, 8},     {vpce::Strategy::fused, 3, 11, 12},
+                        {vpce::Strategy::seed, 0, 0, 4},      {vpce::Strategy::seed, 0, 100, 8300},
+                        {vpce::Strategy::seed, 0, 8200, 8300}};
+  for (const auto& c : cases) {
+    vpce::Options opt;
+    opt.strategy = c.strategy;
+    opt.block_rows = c.block_rows;
+    SCOPED_TRACE(describe(opt) + ", N " + std::to_string(c.n_others) + " and " + std::to_string(c.n_last));
+    const std::int64_t n = me ? c.n_last : c.n_others;
+    const Problem p = make_problem<scalar>(n, this->part.vocab_size(), 5);
+    const auto in = make_local<C>(p, this->part);
+    typename C::cross_entropy ce(this->comm, this->part, opt);
+    auto loss = poisoned_vector<C>(n);
+    auto grad = poisoned_matrix<C>(n, this->part.local_size());
+    expect_error_on_all_ranks([&] { ce.loss_and_grad(in.x, in.y, loss, grad, in.g); },
+                              "the number of tokens N differs between ranks");
+    expect_in_step<C>(ce);
+  }
+}
+
+// The logits' type differs between ranks (double on rank 0, float elsewhere): the constructors, which agree
+// on the scalar size, throw on every rank.
+TYPED_TEST(ErrorTest, LogitsTypeDiffersBetweenRanks) {
+  if (world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  using E = typename TypeParam::exec;
+  expect_error_on_all_ranks(
+      [&] {
+        if (this->comm.rank() == 0) {
+          vpce::CrossEntropy<double, E> ce(this->comm, this->part);
+        } else {
+          vpce::CrossEntropy<float, E> ce(this->comm, this->part);
+        }
+      },
+      "the logits' scalar size in bytes differs between ranks");
   typename TestFixture::cross_entropy ce(this->comm, this->part);
   expect_in_step<TypeParam>(ce);
 }

@@ -332,3 +332,68 @@ TYPED_TEST(NonFiniteTest, PropagateNaNAmongNegativeInfinityFusedHostKernels) {
 }
 
 }  // namespace
+
+namespace {
+
+/// EXPECTs every element of `got` NaN or equal to `before` (untouched); returns how many are NaN.
+std::size_t expect_nan_or_untouched(const std::vector<double>& got, const std::vector<double>& before,
+                                    const std::string& what) {
+  std::size_t nan = 0, other = 0;
+  for (std::size_t k = 0; k < got.size(); ++k) {
+    if (std::isnan(got[k]))
+      ++nan;
+    else if (!(got[k] == before[k] || (std::isnan(before[k]))))
+      ++other;
+  }
+  EXPECT_EQ(other, 0u) << "rank " << world_rank() << ": " << what << ": " << other
+                       << " elements hold a value that is neither the old one nor NaN";
+  return nan;
+}
+
+// A NaN found after outputs were written (row 7, blocks of 3 rows: the fused strategy has finished rows 0-5
+// when it sees it) leaves no valid-looking partial result: every element of the loss and the gradient (of
+// the logits too, in place) is afterwards either what it was or NaN. The fused strategy poisons the loss and
+// the gradient rows it wrote; the seed strategy finds the NaN before writing anything.
+TYPED_TEST(NonFiniteTest, OutputsAfterALateNonFiniteErrorAreNaNOrUntouched) {
+  using C = TypeParam;
+  using scalar = typename TestFixture::scalar;
+  const auto part = vpce::VocabPartition::even(31, this->comm);
+  const std::int64_t w = part.local_size();
+  Problem p = make_problem<scalar>(10, part.vocab_size(), 41);
+  p.at(7, p.v - 1) = kNaN;  // on the last rank
+  const auto in = make_local<C>(p, part);
+  for (const auto& opt : this->variants()) {
+    typename C::cross_entropy ce(this->comm, part, opt);
+    for (bool in_place : {false, true}) {
+      SCOPED_TRACE(describe(opt) + (in_place ? ", in place" : ""));
+      typename C::cross_entropy::loss_view loss("loss", p.n);
+      Kokkos::deep_copy(loss, scalar(2.5));
+      Kokkos::View<scalar**, Kokkos::LayoutRight, typename C::memory_space> grad("grad", p.n, w);
+      if (in_place) {
+        Kokkos::deep_copy(grad, in.x);
+      } else {
+        Kokkos::deep_copy(grad, scalar(3.5));
+      }
+      const auto loss0 = to_host(loss), grad0 = to_host(grad);
+      expect_error_on_all_ranks(
+          [&] {
+            if (in_place) {
+              ce.loss_and_grad(grad, in.y, loss, grad, in.g);
+            } else {
+              ce.loss_and_grad(in.x, in.y, loss, grad, in.g);
+            }
+          },
+          "row 7 of the logits holds NaN or +inf");
+      const std::size_t nan_loss = expect_nan_or_untouched(to_host(loss), loss0, "loss");
+      expect_nan_or_untouched(to_host(grad), grad0, in_place ? "logits (in place)" : "gradient");
+      if (!in_place) expect_inputs_unchanged(in, p, part.begin(), "logits");
+      EXPECT_EQ(nan_loss, opt.strategy == vpce::Strategy::fused ? std::size_t(p.n) : std::size_t(0))
+          << "rank " << world_rank() << ": the fused strategy poisons the whole loss, the seed writes nothing";
+      EXPECT_TRUE(std::isnan(ce.reduced_loss()));
+      EXPECT_EQ(ce.lse().extent(0), 0u);
+      expect_in_step<C>(ce);
+    }
+  }
+}
+
+}  // namespace

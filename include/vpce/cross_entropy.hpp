@@ -23,6 +23,7 @@ namespace vpce {
 namespace impl {
 template <class T>
 class StatsReduction;
+struct CallStatus;
 }  // namespace impl
 
 /// Cross entropy over logits whose vocabulary is split across the ranks of a communicator.
@@ -40,7 +41,13 @@ class StatsReduction;
 ///
 /// forward(), loss_and_grad() and the constructor are collective over the communicator; backward() does
 /// not communicate. Every collective call checks its inputs on every rank and, if any rank found a
-/// problem, throws the same vpce::Error on every rank. Results are complete when a call returns.
+/// problem, throws the same vpce::Error on every rank. The outcome of the checks travels inside the call's
+/// first collective: an error-free call makes only the collectives of its strategy (the fused strategy one
+/// all-reduce per block of rows, see block_rows()). Input errors (shapes, targets, N) are found before any
+/// output is written: the outputs are left as they were. A NaN/+inf logit (NonFinite::error) is found
+/// after the collective of its block: outputs written before it (the loss, the gradient rows of the
+/// earlier blocks, with an in-place gradient the logits of those rows) are then overwritten with NaN.
+/// After a failed call lse() is empty and reduced_loss() is NaN. Results are complete when a call returns.
 template <class Scalar, class ExecSpace = Kokkos::DefaultExecutionSpace>
 class CrossEntropy {
   static_assert(std::is_same_v<Scalar, float> || std::is_same_v<Scalar, double> || is_16bit_v<Scalar>,
@@ -93,7 +100,8 @@ class CrossEntropy {
   void loss_and_grad(const logits_view& logits, const targets_view& targets, const loss_view& loss,
                      const grad_storage_view& grad_logits, const grad_loss_view& grad_loss);
 
-  /// log(sum_j exp(x_ij)) over the global vocabulary, per row, of the last forward() or loss_and_grad().
+  /// log(sum_j exp(x_ij)) over the global vocabulary, per row, of the last forward() or loss_and_grad()
+  /// (empty if that call failed).
   Kokkos::View<const compute_type*, memory_space> lse() const { return m_lse_out; }
   /// The per-token losses of the last call reduced as Options::reduction says (the sum for none), summed in
   /// row order (the same bits for any thread count).
@@ -104,8 +112,11 @@ class CrossEntropy {
   const Communicator& communicator() const noexcept { return m_comm; }
   const VocabPartition& partition() const noexcept { return m_part; }
   const Options& options() const noexcept { return m_opt; }
-  /// Rows per block of the fused strategy (agreed by all ranks at construction).
+  /// Rows per block of the fused strategy (agreed by all ranks at construction). The first block of a call
+  /// has head_rows() rows (at most block_rows()), and its all-reduce always carries head_rows() records
+  /// (padded when N is smaller) plus the call status, whatever N is.
   std::int64_t block_rows() const noexcept { return m_block_rows; }
+  std::int64_t head_rows() const noexcept { return m_head_rows; }
 
  private:
   using T = compute_type;
@@ -116,7 +127,11 @@ class CrossEntropy {
            T grad_scale);
   template <class G, bool Capped>
   void compute(const logits_view& logits, const targets_view& targets, const loss_view& loss, Out out, G* y,
-               std::int64_t ld_y, const impl::GradScale<T, memory_space>& g);
+               std::int64_t ld_y, const impl::GradScale<T, memory_space>& g, const impl::CallStatus& status,
+               const std::string& err);
+  /// The error path, after the first collective said that some rank found an error or that the ranks
+  /// disagree: agrees on the message (Communicator::agree_or_throw) and throws on every rank.
+  [[noreturn]] void throw_agreed(const std::string& err, const impl::CallStatus& status) const;
   template <class G>
   void backward_impl(const grad_loss_view* grad_loss, T grad_scale, G* grad, std::int64_t rows, std::int64_t cols,
                      std::int64_t ld);
@@ -127,8 +142,10 @@ class CrossEntropy {
   impl::GradScale<T, memory_space> grad_scale_for(const grad_loss_view* grad_loss, T grad_scale,
                                                   std::string* err) const;
   impl::Params<T> params() const;
-  void ensure_capacity(std::int64_t n_rows, bool stash);
-  void check_rows(std::int64_t row0, std::int64_t row1) const;
+  void ensure_capacity(std::int64_t n_rows, bool stash, bool head_scratch);
+  /// The non-finite check of rows [row0, row1) on the all-reduced records (the same on every rank): the
+  /// message of the first bad row, empty when there is none.
+  std::string check_rows(std::int64_t row0, std::int64_t row1) const;
   void reduce_loss(const loss_view& loss);
   bool use_teams() const noexcept;
 
@@ -137,6 +154,7 @@ class CrossEntropy {
   Options m_opt;
   ExecSpace m_exec;
   std::int64_t m_block_rows = 1;
+  std::int64_t m_head_rows = 1;
   std::unique_ptr<impl::StatsReduction<T>> m_reduction;
 
   // Work buffers, grown on demand, reused across calls.
@@ -150,6 +168,12 @@ class CrossEntropy {
   decltype(Kokkos::create_mirror_view(std::declval<staging>(), std::declval<seed_view>())) m_seed_host;
   Kokkos::View<T*, memory_space> m_lse;
   Kokkos::View<T**, Kokkos::LayoutRight, memory_space> m_chunk_max;  // running max per row chunk, between kernels
+  Kokkos::View<T*, memory_space> m_seed_head;  // the seed strategy's first MAX: head rows + the call status
+  decltype(Kokkos::create_mirror_view(std::declval<staging>(),
+                                      std::declval<Kokkos::View<T*, memory_space>>())) m_seed_head_host;
+  // The fused strategy's first block keeps its exp(x - m) here until the ranks have agreed that the inputs
+  // are valid (the caller's gradient, maybe the logits' buffer, is written only after that).
+  Kokkos::View<T**, Kokkos::LayoutRight, memory_space> m_head_exp;
   Kokkos::View<T**, Kokkos::LayoutRight, memory_space> m_stash;
   Kokkos::View<T*, memory_space> m_stash_target;
 

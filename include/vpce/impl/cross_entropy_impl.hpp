@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
+#include <vector>
 
 #include "vpce/cross_entropy.hpp"
 #include "vpce/impl/collective.hpp"
@@ -39,6 +41,10 @@ inline std::string check_options(const Options& o) {
   if (!(o.softcap >= 0 && std::isfinite(o.softcap))) return bad("softcap", o.softcap, "a finite value >= 0 (0: off)");
   return {};
 }
+/// The first block of the fused strategy: at most this many rows (its all-reduce is padded to them), and
+/// its scratch of exp(x - m) (head rows x V_local) at most this many bytes.
+inline constexpr std::int64_t max_head_rows = 1024;
+inline constexpr std::int64_t max_head_scratch_bytes = std::int64_t(64) << 20;
 }  // namespace impl
 
 template <class Scalar, class ExecSpace>
@@ -76,8 +82,20 @@ CrossEntropy<Scalar, ExecSpace>::CrossEntropy(const Communicator& comm, const Vo
                               {"Options::z_loss (bits)", impl::bits_of(m_opt.z_loss)},
                               {"Options::logit_scale (bits)", impl::bits_of(m_opt.logit_scale)},
                               {"Options::softcap (bits)", impl::bits_of(m_opt.softcap)}});
-  VPCE_MPI_CHECK(MPI_Allreduce(&rows, &m_block_rows, 1, MPI_INT64_T, MPI_MIN, m_comm.comm()));
+  // The head (first block) is at most max_head_rows, and its scratch at most max_head_scratch_bytes.
+  const std::int64_t scratch_row_bytes = std::max<std::int64_t>(1, m_part.local_size()) * std::int64_t(sizeof(T));
+  const std::int64_t head =
+      std::min(impl::max_head_rows, std::max<std::int64_t>(1, impl::max_head_scratch_bytes / scratch_row_bytes));
+  const std::int64_t mine[2] = {rows, head};
+  std::int64_t agreed[2] = {0, 0};
+  VPCE_MPI_CHECK(MPI_Allreduce(mine, agreed, 2, MPI_INT64_T, MPI_MIN, m_comm.comm()));
+  m_block_rows = agreed[0];
+  m_head_rows = std::min(agreed[0], agreed[1]);
   m_reduction = std::make_unique<impl::StatsReduction<T>>();
+  if (m_opt.strategy == Strategy::seed) {
+    m_seed_head = Kokkos::View<T*, memory_space>("vpce::seed_head", impl::seed_head_rows + impl::status_size);
+    m_seed_head_host = Kokkos::create_mirror_view(staging(), m_seed_head);
+  }
 }
 
 template <class Scalar, class ExecSpace>
@@ -198,14 +216,22 @@ CrossEntropy<Scalar, ExecSpace>::grad_scale_for(const grad_loss_view* grad_loss,
 }
 
 template <class Scalar, class ExecSpace>
-void CrossEntropy<Scalar, ExecSpace>::ensure_capacity(std::int64_t n, bool stash) {
+void CrossEntropy<Scalar, ExecSpace>::ensure_capacity(std::int64_t n, bool stash, bool head_scratch) {
   auto alloc = [](const char* label) { return Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)); };
-  if (std::int64_t(m_records.extent(0)) < n) {
-    m_records = records_view(alloc("vpce::records"), n);
+  // The records also hold the first all-reduce: head rows (padded) and the status records behind them.
+  const std::int64_t n_records = std::max(n, m_head_rows + impl::status_records);
+  if (std::int64_t(m_records.extent(0)) < n_records) {
+    m_records = records_view(alloc("vpce::records"), n_records);
     m_records_host = Kokkos::create_mirror_view(staging(), m_records);
-    m_lse = Kokkos::View<T*, memory_space>(alloc("vpce::lse"), n);
-    m_chunk_max = decltype(m_chunk_max)(alloc("vpce::chunk_max"), n,
+    m_lse = Kokkos::View<T*, memory_space>(alloc("vpce::lse"), n_records);
+    m_chunk_max = decltype(m_chunk_max)(alloc("vpce::chunk_max"), n_records,
                                         std::max<std::int64_t>(1, impl::num_chunks(m_part.local_size())));
+  }
+  const std::int64_t head = std::min(n, m_head_rows);
+  if (head_scratch &&
+      (std::int64_t(m_head_exp.extent(0)) < head || std::int64_t(m_head_exp.extent(1)) != m_part.local_size())) {
+    m_head_exp = decltype(m_head_exp)();
+    m_head_exp = decltype(m_head_exp)(alloc("vpce::head_exp"), head, m_part.local_size());
   }
   if (m_opt.strategy == Strategy::seed && std::int64_t(m_seed.extent(0)) < n) {
     m_seed = seed_view(alloc("vpce::seed_stats"), n, 4);
@@ -219,15 +245,24 @@ void CrossEntropy<Scalar, ExecSpace>::ensure_capacity(std::int64_t n, bool stash
 }
 
 template <class Scalar, class ExecSpace>
-void CrossEntropy<Scalar, ExecSpace>::check_rows(std::int64_t row0, std::int64_t row1) const {
-  if (m_opt.non_finite != NonFinite::error) return;
-  // The records are the all-reduced ones, identical on every rank: every rank throws alike.
+std::string CrossEntropy<Scalar, ExecSpace>::check_rows(std::int64_t row0, std::int64_t row1) const {
+  if (m_opt.non_finite != NonFinite::error) return {};
+  // The records are the all-reduced ones, identical on every rank: every rank fails alike.
   for (std::int64_t i = row0; i < row1; ++i) {
     const auto& r = m_records_host(i);
-    VPCE_THROW_IF(std::isnan(r.s), "row " + std::to_string(i) + " of the logits holds NaN or +inf");
-    VPCE_THROW_IF(r.m == impl::neg_inf<T>(),
-                  "every logit of row " + std::to_string(i) + " is -inf: the loss is undefined");
+    if (std::isnan(r.s)) return "vpce: row " + std::to_string(i) + " of the logits holds NaN or +inf";
+    if (r.m == impl::neg_inf<T>())
+      return "vpce: every logit of row " + std::to_string(i) + " is -inf: the loss is undefined";
   }
+  return {};
+}
+
+template <class Scalar, class ExecSpace>
+void CrossEntropy<Scalar, ExecSpace>::throw_agreed(const std::string& err, const impl::CallStatus& status) const {
+  m_comm.agree_or_throw(err,
+                        {{"the number of tokens N", status.n_rows}, {"the targets (a checksum)", status.checksum}});
+  // Not reached: the status said that some rank found an error or that N or the checksum differ.
+  throw Error("vpce: internal error: the call status and the agreement on the inputs differ");
 }
 
 template <class Scalar, class ExecSpace>
@@ -242,9 +277,12 @@ void CrossEntropy<Scalar, ExecSpace>::run(const logits_view& logits, const targe
                                           Out out, G* grad, std::int64_t grad_rows, std::int64_t grad_cols,
                                           std::int64_t ld_grad, const grad_loss_view* grad_loss, T grad_scale) {
   impl::ScopedRegion region("vpce::cross_entropy");
+  m_lse_out = {};
+  m_reduced_loss = std::numeric_limits<double>::quiet_NaN();
   const std::int64_t n_rows = targets.extent(0);
   const std::int64_t v_local = m_part.local_size();
-  // Local checks; then one small collective agrees on them, on N and on the targets.
+  // Local checks. Their outcome (and N, and a checksum of the targets) rides in the first collective of
+  // compute(): a rank whose inputs are bad still takes part in it, but runs no kernel on them.
   std::string err;
   if (std::int64_t(logits.extent(1)) != v_local) {
     err = "vpce: the logits have " + std::to_string(logits.extent(1)) + " columns, the partition gives this rank " +
@@ -263,9 +301,13 @@ void CrossEntropy<Scalar, ExecSpace>::run(const logits_view& logits, const targe
   std::int64_t checksum = 0;
   if (err.empty()) err = check_targets(targets, &checksum);
   const auto g = grad_scale_for(grad_loss, grad_scale, &err);
-  m_comm.agree_or_throw(err, {{"the number of tokens N", n_rows}, {"the targets (a checksum)", checksum}});
+  const impl::CallStatus status{!err.empty(), n_rows, checksum};
 
-  ensure_capacity(n_rows, out == Out::stash);
+  // The fused strategy's first block keeps its exp(x - m) in a scratch buffer when they would otherwise go
+  // to the caller's gradient (see compute()).
+  const bool head_scratch = err.empty() && out == Out::grad && std::is_same_v<G, T> && m_opt.softcap <= 0 &&
+                            m_opt.strategy == Strategy::fused;
+  ensure_capacity(n_rows, out == Out::stash && err.empty(), head_scratch);
   G* y = out == Out::grad ? grad : nullptr;
   std::int64_t ld_y = ld_grad;
   if constexpr (std::is_same_v<G, T>) {
@@ -275,9 +317,9 @@ void CrossEntropy<Scalar, ExecSpace>::run(const logits_view& logits, const targe
     }
   }
   if (m_opt.softcap > 0) {
-    compute<G, true>(logits, targets, loss, out, y, ld_y, g);
+    compute<G, true>(logits, targets, loss, out, y, ld_y, g, status, err);
   } else {
-    compute<G, false>(logits, targets, loss, out, y, ld_y, g);
+    compute<G, false>(logits, targets, loss, out, y, ld_y, g, status, err);
   }
   m_lse_out = Kokkos::subview(m_lse, std::make_pair(std::int64_t(0), n_rows));
   reduce_loss(loss);
@@ -288,8 +330,10 @@ template <class Scalar, class ExecSpace>
 template <class G, bool Capped>
 void CrossEntropy<Scalar, ExecSpace>::compute(const logits_view& logits, const targets_view& targets,
                                               const loss_view& loss, Out out, G* y, std::int64_t ld_y,
-                                              const impl::GradScale<T, memory_space>& g) {
+                                              const impl::GradScale<T, memory_space>& g, const impl::CallStatus& status,
+                                              const std::string& err) {
   const std::int64_t n_rows = targets.extent(0);
+  const bool ok = !status.error;  // this rank's inputs passed the local checks: its kernels may run
   impl::KernelArgs<Scalar, T, memory_space> args{
       logits.data(), std::int64_t(logits.stride(0)), m_part.local_size(), m_part.begin(), targets, params()};
   const bool teams = use_teams();
@@ -300,11 +344,13 @@ void CrossEntropy<Scalar, ExecSpace>::compute(const logits_view& logits, const t
   constexpr bool can_store = std::is_same_v<G, T> && !Capped;
   const bool store = can_store && m_opt.strategy == Strategy::fused && out != Out::loss;
 
-  auto finalize = [&](std::int64_t r0, std::int64_t r1) {
+  // Loss/lse and the gradient or stash of rows [r0, r1); with Source::stored_exp the exp(x - m) are read
+  // from e (row stride ld_e), or from y itself when e is null.
+  auto finalize = [&](std::int64_t r0, std::int64_t r1, const T* e, std::int64_t ld_e) {
     impl::ScopedRegion r("vpce::loss_grad");
     auto launch = [&](auto what, auto from) {
       impl::Finalize<Scalar, T, G, memory_space, decltype(what)::value, decltype(from)::value, Capped> f{
-          args, m_records, loss, m_lse, y, ld_y, g, m_chunk_max, m_stash_target, true};
+          args, m_records, loss, m_lse, y, ld_y, g, m_chunk_max, m_stash_target, true, e, ld_e};
       impl::for_rows("vpce::finalize", m_exec, r0, r1, f, teams);
     };
     using W = impl::Write;
@@ -325,68 +371,151 @@ void CrossEntropy<Scalar, ExecSpace>::compute(const logits_view& logits, const t
     }
     with_source(std::integral_constant<S, S::logits>());
   };
+  // A NaN/+inf or all -inf row found after outputs were written (the loss, and gradient rows [0, written_rows)):
+  // they become NaN, then every rank throws.
+  auto fail_non_finite = [&](const std::string& msg, std::int64_t written_rows) {
+    if (written_rows > 0) {
+      Kokkos::deep_copy(m_exec, loss, std::numeric_limits<T>::quiet_NaN());
+      if (out == Out::grad)
+        impl::fill_rows("vpce::poison_grad", m_exec, y, ld_y, written_rows, m_part.local_size(),
+                        G(std::numeric_limits<T>::quiet_NaN()));
+      impl::fence(m_exec, "vpce::poison");
+    }
+    throw Error(msg);
+  };
 
   if (m_opt.strategy == Strategy::seed) {
     // The seed's communication: MAX of the row max, then SUM of exp against it, then SUM of the target
-    // logit (and, with label smoothing only, a SUM of the logit sums).
-    {
+    // logit (and, with label smoothing only, a SUM of the logit sums). The first MAX also carries the call
+    // status, in a buffer of a fixed size (impl::seed_head_rows + status): see collective.hpp.
+    constexpr std::int64_t head = impl::seed_head_rows;
+    if (ok) {
       impl::ScopedRegion r("vpce::stats");
       impl::for_rows("vpce::seed_max", m_exec, 0, n_rows, impl::LocalMax<Scalar, T, memory_space, Capped>{args, m_seed},
                      teams);
     }
-    auto column = [&](auto& v, int col) { return Kokkos::subview(v, std::make_pair(std::int64_t(0), n_rows), col); };
+    auto rows = [](auto& v, std::int64_t a, std::int64_t b) { return Kokkos::subview(v, std::make_pair(a, b)); };
+    auto column = [&](auto& v, int col, std::int64_t r0) {
+      return Kokkos::subview(v, std::make_pair(r0, n_rows), col);
+    };
     // Built-in ops work on device buffers with a GPU-aware MPI; otherwise the column is staged on the host.
-    auto reduce_column = [&](int col, MPI_Op op) {
+    auto reduce_column = [&](int col, MPI_Op op, std::int64_t r0) {
+      if (r0 >= n_rows) return;
       impl::ScopedRegion r("vpce::collective");
 #if defined(VPCE_ENABLE_GPU_AWARE_MPI)
       impl::fence(m_exec, "vpce::before_allreduce");
-      impl::allreduce_builtin(column(m_seed, col).data(), n_rows, op, comm);
+      impl::allreduce_builtin(column(m_seed, col, r0).data(), n_rows - r0, op, comm);
 #else
-      Kokkos::deep_copy(m_exec, column(m_seed_host, col), column(m_seed, col));
+      Kokkos::deep_copy(m_exec, column(m_seed_host, col, r0), column(m_seed, col, r0));
       impl::fence(m_exec, "vpce::before_allreduce");
-      impl::allreduce_builtin(column(m_seed_host, col).data(), n_rows, op, comm);
-      Kokkos::deep_copy(m_exec, column(m_seed, col), column(m_seed_host, col));
+      impl::allreduce_builtin(column(m_seed_host, col, r0).data(), n_rows - r0, op, comm);
+      Kokkos::deep_copy(m_exec, column(m_seed, col, r0), column(m_seed_host, col, r0));
 #endif
     };
-    reduce_column(0, MPI_MAX);
+    bool disagree = false;
+    {
+      impl::ScopedRegion r("vpce::collective");
+#if defined(VPCE_ENABLE_GPU_AWARE_MPI)
+      auto& buf = m_seed_head;
+#else
+      auto& buf = m_seed_head_host;
+#endif
+      const std::int64_t h0 = ok ? std::min(n_rows, head) : 0;
+      if (h0 > 0)
+        Kokkos::deep_copy(m_exec, rows(buf, 0, h0), Kokkos::subview(m_seed, std::make_pair(std::int64_t(0), h0), 0));
+      std::vector<T> tail(head - h0 + impl::status_size, impl::neg_inf<T>());
+      impl::encode_status(status, tail.data() + (head - h0));
+      Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged> tail_view(tail.data(), tail.size());
+      Kokkos::deep_copy(m_exec, rows(buf, h0, head + impl::status_size), tail_view);
+      impl::fence(m_exec, "vpce::before_allreduce");
+      impl::allreduce_builtin(buf.data(), head + impl::status_size, MPI_MAX, comm);
+      T merged[impl::status_size];
+      Kokkos::View<T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged> merged_view(merged, impl::status_size);
+      Kokkos::deep_copy(m_exec, merged_view, rows(buf, head, head + impl::status_size));
+      if (h0 > 0)
+        Kokkos::deep_copy(m_exec, Kokkos::subview(m_seed, std::make_pair(std::int64_t(0), h0), 0), rows(buf, 0, h0));
+      impl::fence(m_exec, "vpce::seed_head");
+      disagree = impl::status_needs_agreement(merged);
+    }
+    if (disagree) throw_agreed(err, status);
+    reduce_column(0, MPI_MAX, head);  // rows beyond the head (N > seed_head_rows only)
     {
       impl::ScopedRegion r("vpce::stats");
       impl::for_rows("vpce::seed_sum_gather", m_exec, 0, n_rows,
                      impl::LocalSumGather<Scalar, T, memory_space, Capped>{args, m_seed}, teams);
     }
-    for (int col = 1; col < (m_opt.label_smoothing > 0 ? 4 : 3); ++col) reduce_column(col, MPI_SUM);
+    for (int col = 1; col < (m_opt.label_smoothing > 0 ? 4 : 3); ++col) reduce_column(col, MPI_SUM, 0);
     Kokkos::deep_copy(m_exec, m_seed_host, m_seed);
     impl::fence(m_exec, "vpce::seed_stats");
     for (std::int64_t i = 0; i < n_rows; ++i)
       m_records_host(i) = {m_seed_host(i, 0), m_seed_host(i, 1), m_seed_host(i, 2), m_seed_host(i, 3)};
-    check_rows(0, n_rows);
+    const std::string bad = check_rows(0, n_rows);
+    if (!bad.empty()) fail_non_finite(bad, 0);  // nothing written yet
     Kokkos::deep_copy(m_exec, m_records, m_records_host);
-    finalize(0, n_rows);
+    finalize(0, n_rows, nullptr, 0);
   } else {
     // Fused: per block, local (max, sumexp, target, sum) records, ONE all-reduce of them, then loss/gradient.
-    for (std::int64_t r0 = 0; r0 < n_rows; r0 += m_block_rows) {
-      const std::int64_t r1 = std::min(n_rows, r0 + m_block_rows);
-      {
-        impl::ScopedRegion r("vpce::stats");
-        impl::LocalStats<Scalar, T, memory_space, Capped> f{args, m_records, nullptr, 0, m_chunk_max};
-        if constexpr (can_store) {
-          if (store) {
-            f.y = y;
-            f.ld_y = ld_y;
-          }
-        }
-        impl::for_rows("vpce::local_stats", m_exec, r0, r1, f, teams);
+    // The first block (the head) has min(N, head_rows) rows and its all-reduce always head_rows records plus
+    // the status records: the same size on every rank whatever its N. Until the status is known nothing the
+    // caller sees is written: the head's exp(x - m) go to m_head_exp instead of the caller's gradient (the
+    // same arithmetic, so the same bits as any other block).
+    auto stats = [&](std::int64_t r0, std::int64_t r1, T* ys, std::int64_t ld_ys) {
+      impl::ScopedRegion r("vpce::stats");
+      impl::LocalStats<Scalar, T, memory_space, Capped> f{args, m_records, nullptr, 0, m_chunk_max};
+      if (store) {
+        f.y = ys;
+        f.ld_y = ld_ys;
       }
+      impl::for_rows("vpce::local_stats", m_exec, r0, r1, f, teams);
+    };
+    auto exchange = [&](std::int64_t r0, std::int64_t r1) {
+      const auto range = std::make_pair(r0, r1);
+      Kokkos::deep_copy(m_exec, Kokkos::subview(m_records_host, range), Kokkos::subview(m_records, range));
+      impl::fence(m_exec, "vpce::before_allreduce");
+      m_reduction->allreduce(m_records_host.data() + r0, r1 - r0, comm);
+      Kokkos::deep_copy(m_exec, Kokkos::subview(m_records, range), Kokkos::subview(m_records_host, range));
+    };
+    const std::int64_t head = m_head_rows;
+    const std::int64_t h0 = std::min(n_rows, head);
+    T* head_y = nullptr;
+    std::int64_t head_ld = 0;
+    if constexpr (can_store) {
+      if (store) {
+        head_y = out == Out::grad ? m_head_exp.data() : y;
+        head_ld = out == Out::grad ? std::int64_t(m_head_exp.stride(0)) : ld_y;
+      }
+    }
+    if (ok) stats(0, h0, head_y, head_ld);
+    bool disagree = false;
+    {
+      impl::ScopedRegion r("vpce::collective");
+      const std::int64_t mine = ok ? h0 : 0;  // rows with this rank's statistics; the rest: the merge's identity
+      const auto range = std::make_pair(std::int64_t(0), mine);
+      Kokkos::deep_copy(m_exec, Kokkos::subview(m_records_host, range), Kokkos::subview(m_records, range));
+      impl::fence(m_exec, "vpce::before_allreduce");
+      for (std::int64_t i = mine; i < head; ++i) m_records_host(i) = {impl::neg_inf<T>(), T(0), T(0), T(0)};
+      impl::encode_status_records(status, &m_records_host(head));
+      m_reduction->allreduce(m_records_host.data(), head + impl::status_records, comm);
+      disagree = impl::status_records_need_agreement(&m_records_host(head));
+      if (!disagree)
+        Kokkos::deep_copy(m_exec, Kokkos::subview(m_records, range), Kokkos::subview(m_records_host, range));
+    }
+    if (disagree) throw_agreed(err, status);
+    std::string bad = check_rows(0, h0);
+    if (!bad.empty()) fail_non_finite(bad, 0);  // only the scratch (or the stash) was written
+    finalize(0, h0, head_y, head_ld);
+    for (std::int64_t r0 = h0; r0 < n_rows; r0 += m_block_rows) {
+      const std::int64_t r1 = std::min(n_rows, r0 + m_block_rows);
+      T* ys = nullptr;
+      if constexpr (can_store) ys = y;
+      stats(r0, r1, ys, ld_y);
       {
         impl::ScopedRegion r("vpce::collective");
-        const auto range = std::make_pair(r0, r1);
-        Kokkos::deep_copy(m_exec, Kokkos::subview(m_records_host, range), Kokkos::subview(m_records, range));
-        impl::fence(m_exec, "vpce::before_allreduce");
-        m_reduction->allreduce(m_records_host.data() + r0, r1 - r0, comm);
-        Kokkos::deep_copy(m_exec, Kokkos::subview(m_records, range), Kokkos::subview(m_records_host, range));
+        exchange(r0, r1);
       }
-      check_rows(r0, r1);
-      finalize(r0, r1);
+      bad = check_rows(r0, r1);
+      if (!bad.empty()) fail_non_finite(bad, store ? r1 : r0);  // the stats stored exps in rows [r0, r1)
+      finalize(r0, r1, nullptr, 0);
     }
   }
 }

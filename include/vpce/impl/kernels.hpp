@@ -424,6 +424,8 @@ struct Finalize {
   Kokkos::View<const T**, Kokkos::LayoutRight, MemSpace> chunk_max;
   Kokkos::View<T*, MemSpace> stash_target;
   bool write_loss = true;
+  const T* e = nullptr;  ///< Source::stored_exp: where the exps are (row stride ld_e); null: in y itself
+  std::int64_t ld_e = 0;
   template <class Inner>
   KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t i) const {
     const Params<T>& p = a.p;
@@ -446,11 +448,13 @@ struct Finalize {
         in.for_each(a.n, [&](std::int64_t j) { yr[j] = G(T(0)); });
       } else if constexpr (From == Source::stored_exp) {
         const T k0 = ka * p.scale;
+        const T* er = e != nullptr ? e + i * ld_e : yr;
         for (std::int64_t j0 = 0; j0 < a.n; j0 += chunk_cols) {
           const std::int64_t len = j0 + chunk_cols < a.n ? chunk_cols : a.n - j0;
           const T f = fast_exp(chunk_max(i, j0 / chunk_cols) - l) * kp * p.scale;
           G* yc = yr + j0;
-          in.for_each(len, [&](std::int64_t j) { yc[j] = G(T(yc[j]) * f - k0); });
+          const T* ec = er + j0;
+          in.for_each(len, [&](std::int64_t j) { yc[j] = G(T(ec[j]) * f - k0); });
         }
       } else {
         in.for_each(a.n, [&](std::int64_t j) {
@@ -478,6 +482,19 @@ struct Finalize {
     }
   }
 };
+
+/// y(i, j) = value for rows [0, rows) and columns [0, cols) (row stride ld): poisons outputs after an error.
+template <class ExecSpace, class G>
+void fill_rows(const char* label, const ExecSpace& exec, G* y, std::int64_t ld, std::int64_t rows, std::int64_t cols,
+               G value) {
+  if (rows <= 0 || cols <= 0) return;
+  Kokkos::parallel_for(
+      label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, rows),
+      KOKKOS_LAMBDA(std::int64_t i) {
+        G* yr = y + i * ld;
+        for (std::int64_t j = 0; j < cols; ++j) yr[j] = value;
+      });
+}
 
 /// backward() from the stash: y_j = (q_j - [j == target] * stash_target_i) * g_i, zero for ignored rows.
 template <class T, class G, class MemSpace>
