@@ -137,7 +137,13 @@ void for_rows(const char* label, const ExecSpace& exec, std::int64_t row0, std::
   if (row1 <= row0) return;
   RowDriver<ExecSpace, Functor> d{f, row0};
   if (use_teams) {
-    Kokkos::parallel_for(label, Kokkos::TeamPolicy<ExecSpace>(exec, static_cast<int>(row1 - row0), Kokkos::AUTO), d);
+    // A league size is an int: launches of at most INT_MAX rows.
+    constexpr std::int64_t max_league = std::numeric_limits<int>::max();
+    for (std::int64_t r = row0; r < row1; r += max_league) {
+      d.row0 = r;
+      const int league = static_cast<int>(row1 - r < max_league ? row1 - r : max_league);
+      Kokkos::parallel_for(label, Kokkos::TeamPolicy<ExecSpace>(exec, league, Kokkos::AUTO), d);
+    }
   } else {
     Kokkos::parallel_for(label, Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, row1 - row0),
                          d);
