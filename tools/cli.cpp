@@ -45,7 +45,7 @@ std::string folder_of(const std::string& path) {
 
 // ------------------------------------------------------------------------------------------- arguments
 
-Args::Args(std::string command, std::vector<Spec> specs, const std::vector<std::string>& argv)
+Args::Args(std::string command, const std::vector<Spec>& specs, const std::vector<std::string>& argv)
     : m_command(std::move(command)) {
   // Help wins over anything else on the line (even a mistake in it).
   for (const auto& a : argv)
@@ -118,7 +118,7 @@ double Args::get_double(const std::string& name, double fallback) const {
 
 std::string Args::get_choice(const std::string& name, const std::string& fallback,
                              const std::vector<std::string>& choices) const {
-  const std::string v = get(name, fallback);
+  std::string v = get(name, fallback);
   std::string list;
   for (const auto& c : choices) {
     if (c == v) return v;
@@ -143,12 +143,10 @@ void check_writable(const Communicator& comm, const std::string& path, const std
     struct stat st {};
     if (path.empty() || path.back() == '/') {
       err = "vpce: " + what + " '" + path + "' is not a file name";
-    } else if (::stat(dir.c_str(), &st) != 0) {
+    } else if (::stat(dir.c_str(), &st) != 0 || (S_ISDIR(st.st_mode) && ::access(dir.c_str(), W_OK | X_OK) != 0)) {
       err = "vpce: " + path + ": cannot write the " + what + ": folder " + dir + ": " + std::strerror(errno);
     } else if (!S_ISDIR(st.st_mode)) {
       err = "vpce: " + path + ": cannot write the " + what + ": " + dir + " is not a folder";
-    } else if (::access(dir.c_str(), W_OK | X_OK) != 0) {
-      err = "vpce: " + path + ": cannot write the " + what + ": folder " + dir + ": " + std::strerror(errno);
     } else if (const int rc = ::stat(path.c_str(), &st); rc == 0 && S_ISDIR(st.st_mode)) {
       err = "vpce: " + path + ": cannot write the " + what + ": it is a folder";
     } else if (rc != 0 && errno != ENOENT) {

@@ -236,7 +236,7 @@ int run_demo(const Communicator& comm, const Args& args) {
   std::vector<double> row(v);
   for (std::size_t k = 0; k < rows.size(); ++k) {
     const std::int64_t i = rows[k];
-    double m = -INFINITY;
+    double m = -std::numeric_limits<double>::infinity();
     for (std::int64_t j = 0; j < v; ++j) {
       row[j] = double(T(batch.gen.logit(i, j, batch.bias[j], batch.targets[i], batch.boost[i])));
       m = std::max(m, row[j]);
@@ -271,8 +271,8 @@ int run_demo(const Communicator& comm, const Args& args) {
   };
   auto compare_to_first = [&](DemoRun<T>& out) {
     double dl = 0, dg = 0;
-    const auto l0 = loss_first, l1 = loss;
-    const auto lse = lse_first;
+    const auto &l0 = loss_first, &l1 = loss;
+    const auto& lse = lse_first;
     Kokkos::parallel_reduce(
         "vpce::demo::loss_diff", Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(0, n),
         KOKKOS_LAMBDA(std::int64_t i, double& m) {
@@ -281,7 +281,7 @@ int run_demo(const Communicator& comm, const Args& args) {
           m = r > m ? r : m;
         },
         Kokkos::Max<double>(dl));
-    const auto g0 = grad_first, g1 = grad;
+    const auto &g0 = grad_first, &g1 = grad;
     Kokkos::parallel_reduce(
         "vpce::demo::grad_diff", Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(0, n),
         KOKKOS_LAMBDA(std::int64_t i, double& m) {

@@ -175,7 +175,7 @@ H5File H5File::create(const std::string& path, const Communicator& comm, const s
   // All the metadata of the tool's files (a few KiB) in one block at the start of the file, before the data:
   // reserve_space covers it.
   if (!fapl.valid() || H5Pset_fapl_mpio(fapl.get(), comm.comm(), MPI_INFO_NULL) < 0 ||
-      H5Pset_meta_block_size(fapl.get(), 64 * 1024) < 0)
+      H5Pset_meta_block_size(fapl.get(), hsize_t(64) * 1024) < 0)
     err = with_detail("vpce: " + f.m_display + ": cannot set up MPI-IO file access");
   if (err.empty()) {
     f.m_file = H5Handle(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);

@@ -113,7 +113,7 @@ void run_linear(const Communicator& comm, const LinearConfig& cfg, H5File& in, c
   const std::int64_t max_rows = base + (extra ? 1 : 0);
   const std::int64_t elem = sizeof(Scalar);
   const std::int64_t reserve =
-      64 * 1024 + (reduced ? 1 : n) * elem + (cfg.grad ? (n + v) * h * elem : 0) + 64 * 1024;
+      std::int64_t(128) * 1024 + (reduced ? 1 : n) * elem + (cfg.grad ? (n + v) * h * elem : 0);
   write_output(comm, cfg.output, reserve, [&](H5File& out) {
     out.create_dataset("/loss", {reduced ? 1 : n}, little_endian_type<Scalar>());
     if (cfg.grad) {

@@ -103,7 +103,7 @@ namespace {
 
 /// What /logits holds; `err` gets a message if it is not usable.
 LogitsType logits_type(const H5File& in, const DatasetInfo& li, std::string* err) {
-  const std::string file = in.display_name();
+  const std::string& file = in.display_name();
   const std::string expected =
       "expected float32 or float64, or uint16 bits with a string attribute dtype = \"bfloat16\" or \"float16\"";
   if (li.kind == DatasetInfo::Kind::floating && li.type_size == 4) return LogitsType::float32;

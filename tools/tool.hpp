@@ -27,7 +27,7 @@ class Args {
     std::string name;  ///< without the dashes
     bool takes_value;
   };
-  Args(std::string command, std::vector<Spec> specs, const std::vector<std::string>& argv);
+  Args(std::string command, const std::vector<Spec>& specs, const std::vector<std::string>& argv);
 
   bool has(const std::string& name) const { return m_values.count(name) > 0; }
   bool help() const { return m_help; }

@@ -231,8 +231,8 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, std::
                                  : grad_in_storage ? std::int64_t(sizeof(Scalar))
                                  : grad_as_float32 ? 4
                                                    : std::int64_t(sizeof(T));
-  const std::int64_t reserve = 64 * 1024 + (reduced ? 1 : n) * std::int64_t(sizeof(T)) + n * v * grad_elem +
-                               (cfg.lse ? n * std::int64_t(sizeof(T)) : 0) + 64 * 1024;
+  const std::int64_t reserve = std::int64_t(128) * 1024 + (reduced ? 1 : n) * std::int64_t(sizeof(T)) + n * v * grad_elem +
+                               (cfg.lse ? n * std::int64_t(sizeof(T)) : 0);
   write_output(comm, cfg.output, reserve, [&](H5File& out) {
     out.create_dataset("/loss", {reduced ? 1 : n}, little_endian_type<T>());
     if (cfg.grad) {
@@ -347,7 +347,7 @@ int run(int argc, char** argv) {
   }
   for (const auto& c : commands)
     if (cmd == c.name) return c.run(comm, rest);
-  if (cmd.rfind("-", 0) == 0) throw UsageError("vpce: unknown option '" + cmd + "' (see 'vpce --help')");
+  if (cmd.rfind('-', 0) == 0) throw UsageError("vpce: unknown option '" + cmd + "' (see 'vpce --help')");
   throw UsageError("vpce: unknown command '" + cmd + "' (expected " + command_list() + "; see 'vpce --help')");
 }
 

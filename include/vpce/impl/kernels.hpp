@@ -21,7 +21,7 @@
 #define VPCE_SIMD
 #else
 #define VPCE_PRAGMA(x) _Pragma(#x)
-#define VPCE_SIMD_REDUCE(op, var) VPCE_PRAGMA(omp simd reduction(op : var))
+#define VPCE_SIMD_REDUCE(op, var) VPCE_PRAGMA(omp simd reduction(op : var))  // NOLINT(bugprone-macro-parentheses)
 #define VPCE_SIMD VPCE_PRAGMA(omp simd)
 #endif
 
