@@ -61,6 +61,7 @@ program vpce_fortran_example
   call MPI_Allreduce(fail, any_fail, 1, MPI_INTEGER, MPI_MAX, MPI_COMM_WORLD, ierr)
   if (rank == 0) print '(a, i0, a, es9.2, a)', 'Fortran: ', nranks, ' ranks, max |loss - reference| = ', worst, &
                        merge(' ok    ', ' FAILED', any_fail == 0)
+  deallocate(logits, grad)  ! a main program's allocatables are never freed on their own (LeakSanitizer)
   ierr = vpce_destroy(h)
   ierr = vpce_finalize()
   call MPI_Finalize(ierr)

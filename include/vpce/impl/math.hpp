@@ -32,7 +32,8 @@ KOKKOS_FORCEINLINE_FUNCTION float fast_exp(float x) {
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  const std::int32_t bits = (static_cast<std::int32_t>(n) + 127) << 23;
+  // n is NaN only when x is (then p is NaN too): 0 instead, as converting NaN to an integer is undefined.
+  const std::int32_t bits = (static_cast<std::int32_t>(n == n ? n : 0.0f) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
   const float e = p * scale;
@@ -61,7 +62,7 @@ KOKKOS_FORCEINLINE_FUNCTION double fast_exp(double x) {
   p = p * r + 0.5;
   p = p * r + 1.0;
   p = p * r + 1.0;
-  const std::int64_t bits = (static_cast<std::int64_t>(n) + 1023) << 52;
+  const std::int64_t bits = (static_cast<std::int64_t>(n == n ? n : 0.0) + 1023) << 52;  // NaN: as above
   double scale;
   std::memcpy(&scale, &bits, sizeof(scale));
   const double e = p * scale;
