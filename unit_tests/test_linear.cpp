@@ -367,7 +367,9 @@ TEST(LinearErrors, BadInputsThrowOnEveryRank) {
   if (comm.size() > 1)
     expect_error_on_all_ranks([&] { lce.forward(fewer, weight, y_fewer, loss_fewer); }, "number of tokens");
   // weight rows not this rank's slice.
-  const auto wrong_w = device_matrix<float>(p.weight, 0, part.local_size() + 1, h);
+  // (not from p.weight: at 1 rank it has only local_size() rows; ASan found the read past its end)
+  const auto wrong_w = device_matrix<float>(std::vector<double>((part.local_size() + 1) * h, 0.5), 0,
+                                            part.local_size() + 1, h);
   expect_error_on_all_ranks([&] { lce.forward(hidden, wrong_w, y, loss); }, "weight", false);
   // A target out of range on one rank only.
   Kokkos::View<std::int64_t*, Mem> y_bad("y", n);
