@@ -168,8 +168,9 @@ TYPED_TEST(NonFiniteTest, WholeRowOfNegativeInfinityIsAnErrorWithTeamKernels) {
   }
 }
 
-// A NaN logit on one rank only (the last), a NaN target logit (rank 0), a +inf logit: every rank throws
-// naming the row, then works again.
+// A NaN logit on one rank only (the last), a NaN target logit (rank 0), a +inf logit, a row that is all NaN
+// (col -1; in place its NaN must be read before the gradient overwrites it): every rank throws naming the
+// row, then works again.
 TYPED_TEST(NonFiniteTest, NaNOrPositiveInfinityIsAnErrorOnEveryRank) {
   using scalar = typename TestFixture::scalar;
   const auto part = vpce::VocabPartition::even(37, this->comm);
@@ -183,14 +184,16 @@ TYPED_TEST(NonFiniteTest, NaNOrPositiveInfinityIsAnErrorOnEveryRank) {
   const Case cases[] = {{"NaN on the last rank", 4, last_rank_col, kNaN},
                         {"NaN at the target", 0, 0, kNaN},
                         {"+inf on the last rank", 7, last_rank_col, kInf},
-                        {"+inf on rank 0", 9, 1, kInf}};
+                        {"+inf on rank 0", 9, 1, kInf},
+                        {"a row of NaN", 5, -1, kNaN}};
   for (const auto& c : cases) {
     Problem p = clean;
-    p.at(c.row, c.col) = c.value;
+    for (std::int64_t j = c.col < 0 ? 0 : c.col; j < (c.col < 0 ? part.vocab_size() : c.col + 1); ++j)
+      p.at(c.row, j) = c.value;
     const auto in = make_local<TypeParam>(p, part);
     for (const auto& opt : this->variants()) {
       typename TestFixture::cross_entropy ce(this->comm, part, opt);
-      for (Path path : {Path::fused_scalar, Path::forward_backward_scalar}) {
+      for (Path path : {Path::fused_scalar, Path::forward_backward_scalar, Path::fused_in_place_scalar}) {
         SCOPED_TRACE(std::string(c.name) + ", " + describe(opt) + ", " + to_string(path));
         expect_error_on_all_ranks([&] { run_path<TypeParam>(ce, in, path); },
                                   "row " + std::to_string(c.row) + " of the logits holds NaN or +inf");

@@ -242,8 +242,9 @@ struct LocalStats {
     const Params<T>& p = a.p;
     if (m == neg_inf<T>()) {
       return in.template sum<T>(len, [&](std::int64_t j) {
+        const T xj = to_compute(x[j]);  // read before y[j] is written: y may be x's own buffer (in place)
         if (y != nullptr) y[j] = T(0);
-        return nan_or_zero(to_compute(x[j]));
+        return nan_or_zero(xj);
       });
     }
     if (y == nullptr)
