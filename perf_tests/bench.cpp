@@ -152,10 +152,12 @@ std::vector<Record> run_typed(const Communicator& comm, const Config& cfg) {
     }
   });
 
+  Options base;
+  if (cfg.block_bytes_per_thread > 0) base.block_bytes_per_thread = cfg.block_bytes_per_thread;
   for (auto strategy : {Strategy::fused, Strategy::seed}) {
     const std::string s = to_string(strategy);
     if (wanted(cfg, "loss_and_grad/" + s)) {
-      Options opt;
+      Options opt = base;
       opt.strategy = strategy;
       CrossEntropy<S> ce(comm, part, opt);
       add("loss_and_grad/" + s, 2 * elem_bytes, [&] { ce.loss_and_grad(logits, targets, loss, out, T(1)); });
@@ -165,7 +167,7 @@ std::vector<Record> run_typed(const Communicator& comm, const Config& cfg) {
       if (!wanted(cfg, "forward/" + suffix) && !wanted(cfg, "backward/" + suffix) &&
           !wanted(cfg, "forward_backward/" + suffix))
         continue;
-      Options opt;
+      Options opt = base;
       opt.strategy = strategy;
       opt.mode = mode;
       CrossEntropy<S> ce(comm, part, opt);

@@ -1,10 +1,12 @@
 // vpce_perf: the benchmark without HDF5.
 // Usage: mpirun -np R vpce_perf [tokens] [vocab] [float32|float64|bfloat16|float16] [reps] [json] [only,prefixes]
+// VPCE_PERF_BLOCK_BYTES=B sets Options::block_bytes_per_thread (the fused strategy's block size).
 #include <mpi.h>
 
 #include <Kokkos_Core.hpp>
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -23,6 +25,7 @@ int main(int argc, char** argv) {
       if (argc > 2) cfg.vocab = std::stoll(argv[2]);
       if (argc > 3) cfg.dtype = argv[3];
       if (argc > 4) cfg.reps = std::stoi(argv[4]);
+      if (const char* b = std::getenv("VPCE_PERF_BLOCK_BYTES")) cfg.block_bytes_per_thread = std::stoll(b);
       if (argc > 6) {
         std::string only = argv[6];
         for (std::size_t pos = 0; pos <= only.size();) {

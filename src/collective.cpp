@@ -51,6 +51,22 @@ void StatsReduction<T>::allreduce(RowStats<T>* records, std::int64_t count, MPI_
 }
 
 template <class T>
+void StatsReduction<T>::start(RowStats<T>* records, std::int64_t count, MPI_Comm comm,
+                              std::vector<MPI_Request>* pending) const {
+  for (std::int64_t done = 0; done < count; done += max_count) {
+    const int n = static_cast<int>(std::min(max_count, count - done));
+    pending->push_back(MPI_REQUEST_NULL);
+    VPCE_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, records + done, n, m_type, m_op, comm, &pending->back()));
+  }
+}
+
+void wait_all(std::vector<MPI_Request>* pending) {
+  if (pending->empty()) return;
+  VPCE_MPI_CHECK(MPI_Waitall(static_cast<int>(pending->size()), pending->data(), MPI_STATUSES_IGNORE));
+  pending->clear();
+}
+
+template <class T>
 void allreduce_builtin(T* data, std::int64_t count, MPI_Op op, MPI_Comm comm) {
   for (std::int64_t done = 0; done < count; done += max_count) {
     const int n = static_cast<int>(std::min(max_count, count - done));

@@ -54,9 +54,10 @@ struct Options {
   double logit_scale = 1;
   /// Gemma's soft-capping c * tanh(x / c) when > 0.
   double softcap = 0;
-  /// Rows per block in the fused strategy (statistics, collective and loss/gradient of a block are done
-  /// before the next block, so the block is still in cache when its gradient is written). 0: chosen from
-  /// the slice width so that a thread's share of a block is about `block_bytes_per_thread`.
+  /// Rows per block in the fused strategy. A block's all-reduce (MPI_Iallreduce) is in flight while the
+  /// next block's statistics run; then its loss/gradient is written while the next block's all-reduce is in
+  /// flight, so two blocks are live at a time and a block is still in cache when its gradient is written.
+  /// 0: chosen from the slice width so that a thread's share of a block is about `block_bytes_per_thread`.
   std::int64_t block_rows = 0;
   std::int64_t block_bytes_per_thread = std::int64_t(1) << 20;
   /// Run the device form of the kernels (a team per row) on a host execution space too. For testing the

@@ -7,6 +7,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "vpce/impl/row_stats.hpp"
 
@@ -108,10 +109,17 @@ class StatsReduction {
   /// In-place all-reduce of `count` records in host-accessible memory (split into calls of < 2^31).
   void allreduce(RowStats<T>* records, std::int64_t count, MPI_Comm comm) const;
 
+  /// The same, non-blocking (MPI_Iallreduce): the requests are appended to `pending`; `records` must not be
+  /// touched until wait_all(pending) returns. Every rank must start its all-reduces in the same order.
+  void start(RowStats<T>* records, std::int64_t count, MPI_Comm comm, std::vector<MPI_Request>* pending) const;
+
  private:
   MPI_Datatype m_type = MPI_DATATYPE_NULL;
   MPI_Op m_op = MPI_OP_NULL;
 };
+
+/// Completes the requests of StatsReduction::start (and empties `pending`).
+void wait_all(std::vector<MPI_Request>* pending);
 
 /// In-place all-reduce of `count` scalars with a built-in op (split into calls of < 2^31).
 template <class T>

@@ -468,11 +468,20 @@ void CrossEntropy<Scalar, ExecSpace>::compute(const logits_view& logits, const t
       }
       impl::for_rows("vpce::local_stats", m_exec, r0, r1, f, teams);
     };
-    auto exchange = [&](std::int64_t r0, std::int64_t r1) {
+    // A block's all-reduce is non-blocking: started after its statistics, completed after the next block's
+    // (see the loop below). The region "vpce::collective" covers only the time the ranks spend in MPI.
+    std::vector<MPI_Request> pending;
+    auto start = [&](std::int64_t r0, std::int64_t r1) {
+      impl::ScopedRegion r("vpce::collective");
       const auto range = std::make_pair(r0, r1);
       Kokkos::deep_copy(m_exec, Kokkos::subview(m_records_host, range), Kokkos::subview(m_records, range));
       impl::fence(m_exec, "vpce::before_allreduce");
-      m_reduction->allreduce(m_records_host.data() + r0, r1 - r0, comm);
+      m_reduction->start(m_records_host.data() + r0, r1 - r0, comm, &pending);
+    };
+    auto finish = [&](std::int64_t r0, std::int64_t r1) {
+      impl::ScopedRegion r("vpce::collective");
+      impl::wait_all(&pending);
+      const auto range = std::make_pair(r0, r1);
       Kokkos::deep_copy(m_exec, Kokkos::subview(m_records, range), Kokkos::subview(m_records_host, range));
     };
     const std::int64_t head = m_head_rows;
@@ -504,18 +513,26 @@ void CrossEntropy<Scalar, ExecSpace>::compute(const logits_view& logits, const t
     std::string bad = check_rows(0, h0);
     if (!bad.empty()) fail_non_finite(bad, 0);  // only the scratch (or the stash) was written
     finalize(0, h0, head_y, head_ld);
-    for (std::int64_t r0 = h0; r0 < n_rows; r0 += m_block_rows) {
-      const std::int64_t r1 = std::min(n_rows, r0 + m_block_rows);
-      T* ys = nullptr;
-      if constexpr (can_store) ys = y;
-      stats(r0, r1, ys, ld_y);
-      {
-        impl::ScopedRegion r("vpce::collective");
-        exchange(r0, r1);
-      }
+    // The other blocks, pipelined: block k+1's statistics run while block k's all-reduce is in flight, and
+    // block k's loss/gradient while block k+1's is. So two blocks are live in cache at a time (the block
+    // size counts for that), and no request is pending when a bad row throws.
+    T* ys = nullptr;
+    if constexpr (can_store) ys = y;
+    auto block_end = [&](std::int64_t r0) { return std::min(n_rows, r0 + m_block_rows); };
+    if (h0 < n_rows) {
+      stats(h0, block_end(h0), ys, ld_y);
+      start(h0, block_end(h0));
+    }
+    for (std::int64_t r0 = h0; r0 < n_rows;) {
+      const std::int64_t r1 = block_end(r0);
+      const std::int64_t r2 = block_end(r1);  // the next block is [r1, r2), empty after the last
+      if (r1 < n_rows) stats(r1, r2, ys, ld_y);
+      finish(r0, r1);
       bad = check_rows(r0, r1);
-      if (!bad.empty()) fail_non_finite(bad, store ? r1 : r0);  // the stats stored exps in rows [r0, r1)
+      if (!bad.empty()) fail_non_finite(bad, store ? r2 : r0);  // the stats stored exps in rows [r0, r2)
+      if (r1 < n_rows) start(r1, r2);
       finalize(r0, r1, nullptr, 0);
+      r0 = r1;
     }
   }
 }
