@@ -21,8 +21,16 @@ def load(folder):
     runs = {}
     for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
         with open(path) as f:
-            runs[os.path.basename(path)[:-5]] = {r["name"]: r for r in json.load(f)}
+            recs = json.load(f)
+        # vpce_perf's files only (a list of records): not compare_torch.py's or vpce_linear_perf's
+        if isinstance(recs, list) and all(isinstance(r, dict) and "ms_median" in r for r in recs):
+            runs[os.path.basename(path)[:-5]] = {r["name"]: r for r in recs}
     return runs
+
+
+def logits_mib(r):
+    """The logits one rank holds, in MiB (the same x for every operation of a run)."""
+    return r["tokens"] * r["vocab_local"] * {"float64": 8, "float32": 4}.get(r["dtype"], 2) / 2**20
 
 
 def size_plot(runs, prefix, title, out):
@@ -31,7 +39,7 @@ def size_plot(runs, prefix, title, out):
         return None
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name in SHOWN:
-        xs = [runs[k][name]["bytes"] / 2**20 / (2 if name == "copy" else 1) for k in keys if name in runs[k]]
+        xs = [logits_mib(runs[k][name]) for k in keys if name in runs[k]]
         ys = [runs[k][name]["gbps"] for k in keys if name in runs[k]]
         if xs:
             ax.plot(xs, ys, "o-" if name != "copy" else "k--", label=name)
@@ -48,10 +56,12 @@ def size_plot(runs, prefix, title, out):
 
 
 def scaling_plot(runs, title, out):
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    fig, axes = plt.subplots(1, 4, figsize=(17, 4))
     panels = [("threads_", "threads (1 rank)", "threads"), ("strong_", "ranks, N=4096, V=65536 (strong)", "ranks"),
               ("weak_", "ranks, V_local=32768 (weak)", "ranks")]
     for ax, (prefix, label, field) in zip(axes, panels):
+        if prefix != "threads_":
+            ax.axvspan(2.5, 4.5, color="grey", alpha=0.15, label="ranks > cores (oversubscribed)")
         keys = sorted((k for k in runs if k.startswith(prefix)), key=lambda k: int(k.split("_")[-1]))
         for name in ["copy", "loss_and_grad/fused", "forward_backward/fused/recompute", "forward_backward/seed/stash"]:
             xs = [runs[k][name][field] for k in keys if name in runs[k]]
@@ -65,7 +75,20 @@ def scaling_plot(runs, title, out):
         ax.set_xlabel(label)
         ax.set_ylabel("ms (median, slowest rank)")
         ax.grid(alpha=0.3)
+    # The collective's time against the number of rows (2 ranks x 1 thread, V = 65536).
+    ax = axes[3]
+    keys = sorted((k for k in runs if k.startswith("size_2x1_")), key=lambda k: int(k.split("_n")[-1]))
+    for name in ["loss_and_grad/fused", "forward_backward/seed/stash"]:
+        pts = [(runs[k][name]["tokens"], runs[k][name]["collective_ms"]) for k in keys if name in runs[k]]
+        if pts:
+            ax.plot(*zip(*pts), "x-", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("rows N (2 ranks x 1 thread, V=65536)")
+    ax.set_ylabel("ms in the collective (median, slowest rank)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
     axes[0].legend(fontsize=7)
+    axes[1].legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
