@@ -6,8 +6,15 @@
 #   VPCE_CACHE      cache folder for Kokkos (default: ~/.cache/vpce); rebuilt when missing
 #   Kokkos_ROOT     an existing Kokkos install (any version >= 3.4): nothing is built for Kokkos then
 #   KokkosKernels_ROOT  likewise for Kokkos Kernels (optional; without it the fused LM-head path is off)
-#   VPCE_BUILD      build folder (default: <clone>/build)
-#   VPCE_BUILD_TYPE CMake build type (default: Release)
+#   VPCE_MPI        openmpi (default: Debian's default MPI) or mpich: Debian's MPICH (libmpich-dev, mpich,
+#                   libhdf5-mpich-dev, installed when missing; they co-exist with OpenMPI, which stays the
+#                   default), with CMake's FindMPI and FindHDF5 pointed at it (mpicxx.mpich, mpiexec.mpich, h5pcc.mpich)
+#   VPCE_SANITIZE   1: AddressSanitizer + LeakSanitizer + UndefinedBehaviorSanitizer build (GCC, -O0 -g, Debug;
+#                   every UBSan error is fatal: -fno-sanitize-recover=all); sourcing this exports the
+#                   ASAN/LSAN/UBSAN_OPTIONS the tests run with (a report exits with status 86; what the MPI
+#                   runtime keeps until exit is suppressed by scripts/lsan.supp, never vpce's own leaks)
+#   VPCE_BUILD      build folder (default: <clone>/build, or build-asan, build-mpich, build-mpich-asan)
+#   VPCE_BUILD_TYPE CMake build type (default: Release; Debug with VPCE_SANITIZE=1)
 #   VPCE_CMAKE_ARGS extra arguments for vpce's CMake configure (default: -DVPCE_ENABLE_NATIVE=ON, the
 #                   kernels compiled for this machine's CPU; the build folder is never shared between machines)
 # Source it (scripts/demo.sh and scripts/test.sh do) or run it.
@@ -15,8 +22,15 @@ set -euo pipefail
 
 VPCE_SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VPCE_CACHE=${VPCE_CACHE:-${HOME:-/root}/.cache/vpce}
-VPCE_BUILD=${VPCE_BUILD:-$VPCE_SRC/build}
-VPCE_BUILD_TYPE=${VPCE_BUILD_TYPE:-Release}
+VPCE_MPI=${VPCE_MPI:-openmpi}
+VPCE_SANITIZE=${VPCE_SANITIZE:-0}
+case "$VPCE_MPI" in openmpi|mpich) ;; *) echo "[vpce setup] VPCE_MPI must be openmpi or mpich" >&2; exit 2 ;; esac
+case "$VPCE_SANITIZE" in 0|1) ;; *) echo "[vpce setup] VPCE_SANITIZE must be 0 or 1" >&2; exit 2 ;; esac
+_vpce_suffix=
+[ "$VPCE_MPI" = openmpi ] || _vpce_suffix+=-$VPCE_MPI
+[ "$VPCE_SANITIZE" = 0 ] || _vpce_suffix+=-asan
+VPCE_BUILD=${VPCE_BUILD:-$VPCE_SRC/build$_vpce_suffix}
+VPCE_BUILD_TYPE=${VPCE_BUILD_TYPE:-$([ "$VPCE_SANITIZE" = 1 ] && echo Debug || echo Release)}
 JOBS=${JOBS:-$(nproc)}
 KOKKOS_VERSION_TAG=kokkos-3.4.01-trilinos-13.2.0-omp-serial-v1
 KOKKOS_PREFIX=$VPCE_CACHE/$KOKKOS_VERSION_TAG
@@ -31,6 +45,7 @@ install_packages() {
   local pkgs=(build-essential cmake dpkg-dev ca-certificates libopenmpi-dev openmpi-bin libgtest-dev libgmock-dev
               libbenchmark-dev libhdf5-openmpi-dev hdf5-tools libopenblas-dev python3 python3-numpy python3-h5py gfortran
               clang libclang-rt-14-dev clang-tidy)  # clang + libFuzzer: vpce_tool_fuzz; clang-tidy: vpce_clang_tidy
+  [ "$VPCE_MPI" = mpich ] && pkgs+=(libmpich-dev mpich libhdf5-mpich-dev)
   local missing=()
   for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -94,6 +109,17 @@ configure_vpce() {
   else
     args+=(-DKokkos_ROOT="$KOKKOS_PREFIX" -DKokkosKernels_ROOT="$KOKKOS_PREFIX")
   fi
+  if [ "$VPCE_MPI" = mpich ]; then
+    args+=(-DMPI_C_COMPILER=/usr/bin/mpicc.mpich -DMPI_CXX_COMPILER=/usr/bin/mpicxx.mpich
+           -DMPI_Fortran_COMPILER=/usr/bin/mpif90.mpich -DMPIEXEC_EXECUTABLE=/usr/bin/mpiexec.mpich
+           -DHDF5_C_COMPILER_EXECUTABLE=/usr/bin/h5pcc.mpich)
+  fi
+  if [ "$VPCE_SANITIZE" = 1 ]; then
+    args+=(-DCMAKE_CXX_COMPILER=g++ -DCMAKE_C_COMPILER=gcc -DCMAKE_Fortran_COMPILER=gfortran
+           "-DCMAKE_CXX_FLAGS=$VPCE_SANITIZE_FLAGS" "-DCMAKE_C_FLAGS=$VPCE_SANITIZE_FLAGS"
+           "-DCMAKE_Fortran_FLAGS=$VPCE_SANITIZE_FLAGS" "-DCMAKE_EXE_LINKER_FLAGS=$VPCE_SANITIZE_LDFLAGS"
+           "-DCMAKE_SHARED_LINKER_FLAGS=$VPCE_SANITIZE_LDFLAGS" "-DCMAKE_MODULE_LINKER_FLAGS=$VPCE_SANITIZE_LDFLAGS")
+  fi
   # shellcheck disable=SC2206
   args+=(${VPCE_CMAKE_ARGS:--DVPCE_ENABLE_NATIVE=ON})
   log "configuring vpce in $VPCE_BUILD"
@@ -107,6 +133,32 @@ configure_vpce() {
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OMP_PROC_BIND=${OMP_PROC_BIND:-false}
 
+# Sanitizers: GCC's ASan + UBSan (+ LSan at exit). A report ends the program with status 86 (not 1 or 2, the
+# statuses the tool's error tests expect), so every test fails on one. Kokkos (cached, shared with the normal
+# build) is not instrumented: the interceptors still check its allocations. Leaks are suppressed only inside
+# the MPI runtime (scripts/lsan.supp). -O0: a third of -O1's compile time, the tests still fast enough.
+# float-cast-overflow (not in GCC's "undefined") catches e.g. NaN converted to an integer. GCC's
+# -Wmaybe-uninitialized gives false positives under ASan (in libstdc++'s <regex>): off in this build only.
+# fast_unwind_on_malloc=0: the MPI libraries have no frame pointers, and the suppressions need whole stacks.
+VPCE_SANITIZE_FLAGS="-O0 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow"
+VPCE_SANITIZE_FLAGS+=" -fno-sanitize-recover=all -Wno-maybe-uninitialized"
+VPCE_SANITIZE_LDFLAGS="-fsanitize=address,undefined,float-cast-overflow"
+if [ "$VPCE_SANITIZE" = 1 ]; then
+  # The caller's own *SAN_OPTIONS come last: they override these.
+  # allocator_may_return_null: an allocation too large fails as without ASan (the tool's tests of a file
+  # beyond memory expect vpce's error, not ASan's report).
+  _o=detect_leaks=1:fast_unwind_on_malloc=0:exitcode=86:check_initialization_order=1:strict_init_order=1
+  export ASAN_OPTIONS=$_o:detect_stack_use_after_return=1:allocator_may_return_null=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}
+  export LSAN_OPTIONS=suppressions=$VPCE_SRC/scripts/lsan.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}
+  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:exitcode=86${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}
+fi
+
 install_packages
 [ -n "${Kokkos_ROOT:-}" ] || build_kokkos
 configure_vpce
+if [ "$VPCE_SANITIZE" = 1 ]; then
+  # After Kokkos' build (never instrumented): what the tests build against the installed package (the
+  # install test's consumer) gets the same flags.
+  export CXXFLAGS="$VPCE_SANITIZE_FLAGS" CFLAGS="$VPCE_SANITIZE_FLAGS" FFLAGS="$VPCE_SANITIZE_FLAGS"
+  export LDFLAGS="$VPCE_SANITIZE_LDFLAGS"
+fi
