@@ -1,11 +1,28 @@
-// Option names. The explicit instantiations are in cross_entropy_<type>.cpp (one per logits type, so that
-// they compile in parallel).
+// Option names, and the default block size. Kokkos-free (the tool's fuzz harness builds it too).
+#if __has_include(<unistd.h>)
+#include <unistd.h>
+#endif
+
+#include <algorithm>
+#include <cstdint>
 #include <string>
 
-#include "vpce/cross_entropy.hpp"
 #include "vpce/error.hpp"
+#include "vpce/options.hpp"
 
 namespace vpce {
+
+std::int64_t default_block_bytes_per_thread() {
+  static const std::int64_t bytes = [] {
+    long l2 = -1;
+#if defined(_SC_LEVEL2_CACHE_SIZE)
+    l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);  // glibc: from cpuid; 0 or -1 where unknown
+#endif
+    if (l2 <= 0) return std::int64_t(1) << 20;
+    return std::clamp<std::int64_t>(l2 / 2, std::int64_t(128) << 10, std::int64_t(8) << 20);
+  }();
+  return bytes;
+}
 
 Strategy strategy_from_string(const std::string& s) {
   if (s == "fused") return Strategy::fused;

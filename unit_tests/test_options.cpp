@@ -3,6 +3,7 @@
 // strategies, both memory modes and every call path; and their errors.
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <string>
 #include <vector>
@@ -282,3 +283,17 @@ TYPED_TEST(OptionsTest, TargetMinus100IsAnErrorWithAnotherIgnoreIndex) {
 }
 
 }  // namespace
+
+// The default block size comes from the core's L2 (half of it: two pipelined blocks are live), clamped.
+TEST(OptionsDefaults, BlockBytesFromTheCache) {
+  const std::int64_t b = vpce::default_block_bytes_per_thread();
+  EXPECT_GE(b, std::int64_t(128) << 10);
+  EXPECT_LE(b, std::int64_t(8) << 20);
+  EXPECT_EQ(vpce::Options().block_bytes_per_thread, b);
+#if defined(_SC_LEVEL2_CACHE_SIZE)
+  const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  if (l2 >= (256 << 10) && l2 <= (16 << 20)) {
+    EXPECT_EQ(b, l2 / 2);
+  }
+#endif
+}

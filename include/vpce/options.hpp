@@ -32,6 +32,10 @@ enum class NonFinite {
   propagate  ///< no check: the row's loss and gradient become NaN
 };
 
+/// Half the per-core L2 cache of this machine (two pipelined blocks fill it; sysconf's
+/// _SC_LEVEL2_CACHE_SIZE), within [128 KiB, 8 MiB]; 1 MiB where the size is not known. Options's default.
+std::int64_t default_block_bytes_per_thread();
+
 /// Everything is combinable, and supported by every strategy and memory mode. Must be the same on every
 /// rank (checked when a CrossEntropy is built). With the transforms x = softcap * tanh(logit_scale * z /
 /// softcap) (softcap > 0) or x = logit_scale * z, and lse = log(sum_j exp(x_j)) over the GLOBAL vocabulary:
@@ -57,9 +61,10 @@ struct Options {
   /// Rows per block in the fused strategy. A block's all-reduce (MPI_Iallreduce) is in flight while the
   /// next block's statistics run; then its loss/gradient is written while the next block's all-reduce is in
   /// flight, so two blocks are live at a time and a block is still in cache when its gradient is written.
-  /// 0: chosen from the slice width so that a thread's share of a block is about `block_bytes_per_thread`.
+  /// 0: chosen from the slice width so that a thread's share of a block is about `block_bytes_per_thread`,
+  /// by default half the L2 cache of a core.
   std::int64_t block_rows = 0;
-  std::int64_t block_bytes_per_thread = std::int64_t(1) << 20;
+  std::int64_t block_bytes_per_thread = default_block_bytes_per_thread();
   /// Run the device form of the kernels (a team per row) on a host execution space too. For testing the
   /// GPU code path on CPUs; slower there.
   bool force_team_kernels = false;
