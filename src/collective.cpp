@@ -44,10 +44,11 @@ StatsReduction<T>::~StatsReduction() {
 
 template <class T>
 void StatsReduction<T>::allreduce(RowStats<T>* records, std::int64_t count, MPI_Comm comm) const {
-  for (std::int64_t done = 0; done < count; done += max_count) {
-    const int n = static_cast<int>(std::min(max_count, count - done));
-    VPCE_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, records + done, n, m_type, m_op, comm));
-  }
+  // Through start(): every block of a call, blocking or not, goes through the same MPI collective (and so
+  // the same merge order across ranks).
+  std::vector<MPI_Request> pending;
+  start(records, count, comm, &pending);
+  wait_all(&pending);
 }
 
 template <class T>

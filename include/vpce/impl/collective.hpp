@@ -106,11 +106,12 @@ class StatsReduction {
   StatsReduction(const StatsReduction&) = delete;
   StatsReduction& operator=(const StatsReduction&) = delete;
 
-  /// In-place all-reduce of `count` records in host-accessible memory (split into calls of < 2^31).
+  /// In-place all-reduce of `count` records in host-accessible memory: start() then wait_all().
   void allreduce(RowStats<T>* records, std::int64_t count, MPI_Comm comm) const;
 
-  /// The same, non-blocking (MPI_Iallreduce): the requests are appended to `pending`; `records` must not be
-  /// touched until wait_all(pending) returns. Every rank must start its all-reduces in the same order.
+  /// The same, non-blocking (MPI_Iallreduce, split into calls of < 2^31 records): the requests are appended
+  /// to `pending`; `records` must not be touched until wait_all(pending) returns. Every rank must start its
+  /// all-reduces in the same order.
   void start(RowStats<T>* records, std::int64_t count, MPI_Comm comm, std::vector<MPI_Request>* pending) const;
 
  private:
