@@ -12,7 +12,7 @@
 #            installed when missing), Debug: unit tests at 1 and 2 ranks; the tool's suites at 1 and 2
 #            ranks and loss at 3 (not faults, nor linear at 2: they kill a rank, see below); examples
 #            (C at 3 ranks); install test; GPU-aware path; determinism at 2 ranks.
-#   Neither extra configuration runs clang-tidy, the fuzzer or the >2^31-logit test, nor builds the
+#   Neither extra configuration runs clang-tidy, the vectorisation check (vpce_vectorized), the fuzzer or the >2^31-logit test, nor builds the
 #   benchmark (vpce_perf). VPCE_TEST_FULL=1 runs every test in every configuration.
 #
 # Usage: scripts/test.sh [--config NAME]... [extra ctest arguments, passed to every configuration]
@@ -42,9 +42,9 @@ fi
 
 base_build=${VPCE_BUILD:-$VPCE_SRC/build}
 extra_cmake_args="${VPCE_CMAKE_ARGS:--DVPCE_ENABLE_NATIVE=ON} -DVPCE_ENABLE_BENCHMARKS=OFF"
-# Not in either extra configuration: clang-tidy and the fuzzer (neither depends on the build's MPI or
+# Not in either extra configuration: clang-tidy, the vectorisation check and the fuzzer (none depends on the build's MPI or
 # flags; the fuzz harness is built with clang's own ASan), the >2^31-logit test (minutes at -O0).
-not_extra='^vpce_(clang_tidy|tool_fuzz|large_np1)$'
+not_extra='^vpce_(clang_tidy|vectorized|tool_fuzz|large_np1)$'
 asan_skip="$not_extra|^vpce_unit_np4\$|^vpce_determinism_|^vpce_example_train_lm_np4\$"
 asan_skip+='|^vpce_tool_(loss_np2|options_np[23]|errors_np[23]|commands_np3|linear_np[23]|faults_np3)$'
 # MPICH: no runs of 3-4 ranks on the CI's 2 cores where they take minutes (MPICH busy-polls), no

@@ -175,7 +175,7 @@ struct Params {
   KOKKOS_FORCEINLINE_FUNCTION T transform(T z) const {
     if constexpr (Capped) {
       const T x = cap * fast_tanh(z * scale * inv_cap);
-      return z == neg_inf<T>() ? z : x;
+      return select(z == neg_inf<T>(), z, x);
     } else {
       return z * scale;
     }
@@ -185,7 +185,7 @@ struct Params {
   KOKKOS_FORCEINLINE_FUNCTION T chain(T x) const {
     if constexpr (Capped) {
       const T u = x * inv_cap;
-      return x == neg_inf<T>() ? T(0) : scale * (T(1) - u * u);
+      return select(x == neg_inf<T>(), T(0), scale * (T(1) - u * u));
     } else {
       return scale;
     }
@@ -210,7 +210,7 @@ struct KernelArgs {
 /// x if x is NaN, else 0: summed over a slice whose max is -inf, it turns a hidden NaN into a NaN sum.
 template <class T>
 KOKKOS_FORCEINLINE_FUNCTION T nan_or_zero(T x) {
-  return x != x ? x : T(0);
+  return select(x != x, x, T(0));
 }
 
 /// Columns per chunk of the host's one-pass statistics: 16 KiB of floats, so the chunk is still in L1 for
@@ -241,9 +241,10 @@ struct LocalStats {
   KOKKOS_INLINE_FUNCTION T exp_sum(const Inner& in, std::int64_t len, const S* x, T* y, T m) const {
     const Params<T>& p = a.p;
     if (m == neg_inf<T>()) {
+      if (y == nullptr) return in.template sum<T>(len, [&](std::int64_t j) { return nan_or_zero(to_compute(x[j])); });
       return in.template sum<T>(len, [&](std::int64_t j) {
         const T xj = to_compute(x[j]);  // read before y[j] is written: y may be x's own buffer (in place)
-        if (y != nullptr) y[j] = T(0);
+        y[j] = T(0);
         return nan_or_zero(xj);
       });
     }

@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""Fails when a host kernel's inner loop is not vectorised for one of the target instruction sets.
+
+probes.cpp runs each row kernel of vpce/impl/kernels.hpp on one row whose width is a multiple of every
+vector length, so a vectorised inner loop has no scalar remainder. This script compiles it with the flags
+vpce's kernel translation units get (taken from compile_commands.json) for each target (-march=...),
+disassembles it, and requires of every function of vpce's (the probes and what they call):
+
+  - no scalar floating-point arithmetic (add/sub/mul/div/fma/min/max/compare/convert on ss or sd) inside
+    an innermost loop (a conditional backward branch enclosing no other): such a loop was left scalar;
+  - packed floating-point arithmetic in the target's widest registers somewhere (xmm for x86-64-v2,
+    ymm for x86-64-v3, zmm for x86-64-v4).
+
+A control function (a loop-carried recurrence) must be found scalar, or the reading of the object code
+is broken. Why not the compiler's report (-fopt-info-vec): GCC analyses a loop that it versions for
+if-conversion twice and reports one of the two copies as missed, at either source line, so the report
+names loops that were vectorised after all.
+
+Usage: check_vectorized.py --compile-commands FILE --kernel-tu FILE --probes FILE --workdir DIR
+                           [--targets x86-64-v2,x86-64-v3,x86-64-v4] [--objdump objdump]
+"""
+import argparse
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+WIDTH = {"x86-64-v2": "xmm", "x86-64-v3": "ymm", "x86-64-v4": "zmm"}
+SCALAR_FP = re.compile(
+    r"^v?(add|sub|mul|div|min|max|sqrt|rcp|rsqrt)s[sd]$"
+    r"|^vf(n?m(add|sub))\d{3}s[sd]$"
+    r"|^v?u?comis[sd]$"
+    r"|^v?cmp\w*s[sd]$"
+    r"|^v?cvt\w*(ss|sd)2\w+$|^v?cvt\w*2s[sd]$"
+)
+PACKED_FP = re.compile(r"^v?(f(n?m(add|sub))\d{3}|add|sub|mul|div|min|max)p[sd]$")
+FUNC = re.compile(r"^([0-9a-f]+) <(.*)>:$")
+INSN = re.compile(r"^\s*([0-9a-f]+):\s+(\S+)\s*(.*)$")
+JUMP_TARGET = re.compile(r"^([0-9a-f]+)\b")
+
+
+def compile_command(compile_commands, kernel_tu):
+    with open(compile_commands) as f:
+        entries = json.load(f)
+    for e in entries:
+        if os.path.realpath(e["file"]) == os.path.realpath(kernel_tu):
+            args = e.get("arguments") or shlex.split(e["command"])
+            return args, e["directory"]
+    sys.exit(f"check_vectorized: {kernel_tu} is not in {compile_commands}")
+
+
+def flags_for(args, kernel_tu, march):
+    """The kernel TU's command with its source, output, -march and optimisation level replaced."""
+    out = [args[0]]
+    skip = False
+    for a in args[1:]:
+        if skip:
+            skip = False
+            continue
+        if a in ("-o", "-c"):
+            skip = a == "-o"
+            continue
+        if os.path.basename(a) == os.path.basename(kernel_tu) or a.startswith(("-march=", "-mtune=", "-O", "-g")):
+            continue
+        if a.startswith(("-fsanitize", "-fno-sanitize")):
+            continue
+        out.append(a)
+    return out + ["-O3", "-DNDEBUG", f"-march={march}"]
+
+
+def functions(disassembly):
+    name, insns = None, []
+    for line in disassembly.splitlines():
+        m = FUNC.match(line)
+        if m:
+            if name is not None:
+                yield name, insns
+            name, insns = m.group(2), []
+            continue
+        m = INSN.match(line)
+        if m and name is not None:
+            insns.append((int(m.group(1), 16), m.group(2), m.group(3)))
+    if name is not None:
+        yield name, insns
+
+
+def innermost_loops(insns):
+    loops = []
+    for addr, mnem, ops in insns:
+        if mnem.startswith("j") and mnem != "jmp":  # a back edge of a loop; a backward jmp rejoins a block
+            t = JUMP_TARGET.match(ops)
+            if t and int(t.group(1), 16) <= addr:
+                loops.append((int(t.group(1), 16), addr))
+    return [l for l in loops if not any(o != l and l[0] <= o[0] and o[1] <= l[1] for o in loops)]
+
+
+def scalar_loops(insns):
+    """(start, end, first scalar instruction) of each innermost loop holding scalar FP arithmetic."""
+    found = []
+    for start, end in innermost_loops(insns):
+        for addr, mnem, ops in insns:
+            if start <= addr <= end and SCALAR_FP.match(mnem):
+                found.append((start, end, f"{mnem} {ops}"))
+                break
+    return found
+
+
+def check(target, args, kernel_tu, probes, workdir, objdump):
+    obj = os.path.join(workdir, f"probes-{target}.o")
+    cmd = flags_for(args, kernel_tu, target) + ["-c", probes, "-o", obj]
+    subprocess.run(cmd, check=True)
+    dis = subprocess.run([objdump, "-d", "-C", "--no-show-raw-insn", obj], check=True, capture_output=True,
+                         text=True).stdout
+    errors, packed, control_ok, checked = [], 0, False, 0
+    for name, insns in functions(dis):
+        if name == "vpce_control_scalar":
+            control_ok = bool(scalar_loops(insns))
+            continue
+        if "vpce" not in name:
+            continue
+        checked += 1
+        packed += sum(1 for _, m, o in insns if PACKED_FP.match(m) and f"%{WIDTH[target]}" in o)
+        for start, end, insn in scalar_loops(insns):
+            errors.append(f"  {name}: loop {start:#x}-{end:#x} is scalar ({insn})")
+    if not control_ok:
+        errors.append("  the control loop (vpce_control_scalar) was not found scalar: the check cannot be trusted")
+    if packed == 0:
+        errors.append(f"  no packed floating-point arithmetic in {WIDTH[target]} registers")
+    status = "FAILED" if errors else "ok"
+    print(f"[vectorized] {target}: {status}: {checked} functions, {packed} packed FP instructions in "
+          f"{WIDTH[target]} registers")
+    for e in errors:
+        print(e)
+    return not errors
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--compile-commands", required=True)
+    ap.add_argument("--kernel-tu", required=True)
+    ap.add_argument("--probes", required=True)
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--targets", default="x86-64-v2,x86-64-v3,x86-64-v4")
+    ap.add_argument("--objdump", default="objdump")
+    a = ap.parse_args()
+    os.makedirs(a.workdir, exist_ok=True)
+    args, _ = compile_command(a.compile_commands, a.kernel_tu)
+    ok = True
+    for target in a.targets.split(","):
+        ok &= check(target, args, a.kernel_tu, a.probes, a.workdir, a.objdump)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+// Probes of the host kernels' inner loops for the vectorisation check (check_vectorized.py): each
+// function below runs one of the real row kernels (kernels.hpp) on one row of a fixed width, a multiple of
+// every vector length, so that every inner loop the compiler vectorises is whole vector iterations with no
+// scalar remainder loop. An inner loop left scalar then shows as scalar floating-point arithmetic inside an
+// innermost loop of the object code. Compiled only (never linked or run), with the kernels' own flags.
+#include <cstdint>
+
+#include "vpce/half.hpp"
+#include "vpce/impl/kernels.hpp"
+
+namespace {
+
+using vpce::impl::HostInner;
+using vpce::impl::Source;
+using vpce::impl::Write;
+using Host = Kokkos::HostSpace;
+
+constexpr std::int64_t width = 2 * vpce::impl::chunk_cols;  // two chunks of the one-pass statistics
+
+template <class S, class T>
+vpce::impl::KernelArgs<S, T, Host> args(const S* x, const std::int64_t* targets) {
+  vpce::impl::KernelArgs<S, T, Host> a;
+  a.x = x;
+  a.ld_x = width;
+  a.n = width;
+  a.targets = Kokkos::View<const std::int64_t*, Host>(targets, 1);
+  a.p.alpha = T(0.1);  // label smoothing on: the sum-of-logits loops are compiled too
+  return a;
+}
+
+template <class T>
+using Stats = vpce::impl::RowStats<T>;
+template <class T>
+using ChunkMax = Kokkos::View<T**, Kokkos::LayoutRight, Host>;
+
+// Statistics of one row: max and exp-and-sum loops, with the exps stored into y when y is set (G == T).
+template <class S, class T, bool Capped>
+void stats(const S* x, const std::int64_t* targets, Stats<T>* out, T* y, T* chunk_max) {
+  vpce::impl::LocalStats<S, T, Host, Capped> f{args<S, T>(x, targets), Kokkos::View<Stats<T>*, Host>(out, 1), y, width,
+                                               ChunkMax<T>(chunk_max, 1, 2)};
+  f.row(HostInner{}, 0);
+}
+
+// Loss and gradient (or stash) of one row, from the logits or from stored exps.
+template <class S, class T, class G, Write What, Source From, bool Capped>
+void finalize(const S* x, const std::int64_t* targets, const Stats<T>* stats, T* loss, T* lse, G* y, const T* chunk_max,
+              T* stash_target, const T* e) {
+  vpce::impl::Finalize<S, T, G, Host, What, From, Capped> f{
+      args<S, T>(x, targets),
+      Kokkos::View<const Stats<T>*, Host>(stats, 1),
+      Kokkos::View<T*, Host>(loss, 1),
+      Kokkos::View<T*, Host>(lse, 1),
+      y,
+      width,
+      vpce::impl::GradScale<T, Host>{{}, T(1)},
+      Kokkos::View<const T**, Kokkos::LayoutRight, Host>(chunk_max, 1, 2),
+      Kokkos::View<T*, Host>(stash_target, 1),
+      true,
+      e,
+      width};
+  f.row(HostInner{}, 0);
+}
+
+// The seed strategy's two statistics passes.
+template <class S, class T, bool Capped>
+void seed(const S* x, const std::int64_t* targets, T* out) {
+  Kokkos::View<T**, Kokkos::LayoutLeft, Host> o(out, 1, 4);
+  vpce::impl::LocalMax<S, T, Host, Capped>{args<S, T>(x, targets), o}.row(HostInner{}, 0);
+  vpce::impl::LocalSumGather<S, T, Host, Capped>{args<S, T>(x, targets), o}.row(HostInner{}, 0);
+}
+
+// backward() from the stash.
+template <class T, class G>
+void from_stash(const T* q, const std::int64_t* targets, const T* stash_target, G* y) {
+  vpce::impl::BackwardFromStash<T, G, Host> f{args<T, T>(q, targets), Kokkos::View<const T*, Host>(stash_target, 1), y,
+                                              width, vpce::impl::GradScale<T, Host>{{}, T(1)}};
+  f.row(HostInner{}, 0);
+}
+
+}  // namespace
+
+// flatten: the row kernels are inlined, so that the constant width reaches every inner loop.
+#define VPCE_PROBE extern "C" __attribute__((noinline, used, flatten))
+
+// One probe per (storage type, softcap): S the logits' type, T the compute type, G the gradient's.
+#define VPCE_PROBES(NAME, S, T, G)                                                                                 \
+  VPCE_PROBE void vpce_probe_stats_##NAME(const S* x, const std::int64_t* t, Stats<T>* o, T* cm) {                 \
+    stats<S, T, false>(x, t, o, nullptr, cm);                                                                      \
+  }                                                                                                                \
+  VPCE_PROBE void vpce_probe_stats_softcap_##NAME(const S* x, const std::int64_t* t, Stats<T>* o, T* cm) {         \
+    stats<S, T, true>(x, t, o, nullptr, cm);                                                                       \
+  }                                                                                                                \
+  VPCE_PROBE void vpce_probe_grad_##NAME(const S* x, const std::int64_t* t, const Stats<T>* s, T* l, T* e, G* y,   \
+                                         const T* cm, T* st) {                                                     \
+    finalize<S, T, G, Write::grad, Source::logits, false>(x, t, s, l, e, y, cm, st, nullptr);                      \
+  }                                                                                                                \
+  VPCE_PROBE void vpce_probe_grad_softcap_##NAME(const S* x, const std::int64_t* t, const Stats<T>* s, T* l, T* e, \
+                                                 G* y, const T* cm, T* st) {                                       \
+    finalize<S, T, G, Write::grad, Source::logits, true>(x, t, s, l, e, y, cm, st, nullptr);                       \
+  }                                                                                                                \
+  VPCE_PROBE void vpce_probe_seed_##NAME(const S* x, const std::int64_t* t, T* o) { seed<S, T, false>(x, t, o); }  \
+  VPCE_PROBE void vpce_probe_seed_softcap_##NAME(const S* x, const std::int64_t* t, T* o) {                        \
+    seed<S, T, true>(x, t, o);                                                                                     \
+  }                                                                                                                \
+  VPCE_PROBE void vpce_probe_from_stash_##NAME(const T* q, const std::int64_t* t, const T* st, G* y) {             \
+    from_stash<T, G>(q, t, st, y);                                                                                 \
+  }
+
+// Full precision: also the fused strategy's stored exps (statistics storing them, finalize rescaling them)
+// and the stash.
+#define VPCE_PROBES_STORED(NAME, T)                                                                               \
+  VPCE_PROBE void vpce_probe_stats_store_##NAME(const T* x, const std::int64_t* t, Stats<T>* o, T* y, T* cm) {    \
+    stats<T, T, false>(x, t, o, y, cm);                                                                           \
+  }                                                                                                               \
+  VPCE_PROBE void vpce_probe_grad_stored_##NAME(const T* x, const std::int64_t* t, const Stats<T>* s, T* l, T* e, \
+                                                T* y, const T* cm, T* st, const T* ex) {                          \
+    finalize<T, T, T, Write::grad, Source::stored_exp, false>(x, t, s, l, e, y, cm, st, ex);                      \
+  }                                                                                                               \
+  VPCE_PROBE void vpce_probe_stash_##NAME(const T* x, const std::int64_t* t, const Stats<T>* s, T* l, T* e, T* y, \
+                                          const T* cm, T* st) {                                                   \
+    finalize<T, T, T, Write::stash, Source::logits, false>(x, t, s, l, e, y, cm, st, nullptr);                    \
+  }
+
+VPCE_PROBES(f32, float, float, float)
+VPCE_PROBES(f64, double, double, double)
+VPCE_PROBES(bf16, vpce::bfloat16, float, vpce::bfloat16)
+VPCE_PROBES(f16, vpce::float16, float, vpce::float16)
+VPCE_PROBES_STORED(f32, float)
+VPCE_PROBES_STORED(f64, double)
+
+// The checker's own control: a loop-carried recurrence no compiler can vectorise. check_vectorized.py must
+// find it scalar, or its reading of the object code is broken.
+VPCE_PROBE float vpce_control_scalar(const float* x, std::int64_t n) {
+  float h = 0;
+  for (std::int64_t j = 0; j < n; ++j) h = h * x[j] + 1.0f;
+  return h;
+}
