@@ -53,6 +53,28 @@ double at(const V& v, std::int64_t i) {
   return static_cast<double>(h);
 }
 
+// The fills below are free functions, not in the TEST bodies: CUDA's extended __host__ __device__ lambdas
+// (KOKKOS_LAMBDA) must not be defined in a private member function, and GoogleTest's TestBody() is one.
+
+/// x (n x v, row-major) = logit_of(i v + j); y(i) = i * 2654435761 mod v.
+void fill_rows(const Kokkos::View<S**, Kokkos::LayoutRight, mem>& x, const Kokkos::View<std::int64_t*, mem>& y) {
+  const std::int64_t n = x.extent(0), v = x.extent(1);
+  Kokkos::parallel_for(
+      "fill", Kokkos::RangePolicy<exec, Kokkos::IndexType<std::int64_t>>(0, n), KOKKOS_LAMBDA(std::int64_t i) {
+        S* r = x.data() + i * v;
+        for (std::int64_t j = 0; j < v; ++j) r[j] = logit_of(std::uint64_t(i) * std::uint64_t(v) + std::uint64_t(j));
+        y(i) = static_cast<std::int64_t>(static_cast<std::uint64_t>(i) * 2654435761ull % std::uint64_t(v));
+      });
+}
+
+/// x(0, j) = logit_of(j mod period) for every column of the (single-row) x.
+void fill_pattern(const Kokkos::View<S**, Kokkos::LayoutRight, mem>& x, std::int64_t period) {
+  const std::int64_t v = x.extent(1);
+  Kokkos::parallel_for(
+      "fill", Kokkos::RangePolicy<exec, Kokkos::IndexType<std::int64_t>>(0, v),
+      KOKKOS_LAMBDA(std::int64_t j) { x(0, j) = logit_of(std::uint64_t(j % period)); });
+}
+
 /// |got - want| <= atol + rtol |want|, reported with a label.
 void expect_close(double got, double want, double rtol, double atol, const std::string& what) {
   EXPECT_LE(std::abs(got - want), atol + rtol * std::abs(want)) << what << ": " << got << ", expected " << want;
@@ -65,12 +87,7 @@ TEST(Large, RowsBeyondTwoToThe31Elements) {
   const auto part = vpce::VocabPartition::even(v, comm);
   Kokkos::View<S**, Kokkos::LayoutRight, mem> x(Kokkos::view_alloc(Kokkos::WithoutInitializing, "x"), n, v);
   Kokkos::View<std::int64_t*, mem> y("y", n);
-  Kokkos::parallel_for(
-      "fill", Kokkos::RangePolicy<exec, Kokkos::IndexType<std::int64_t>>(0, n), KOKKOS_LAMBDA(std::int64_t i) {
-        S* r = x.data() + i * v;
-        for (std::int64_t j = 0; j < v; ++j) r[j] = logit_of(std::uint64_t(i) * std::uint64_t(v) + std::uint64_t(j));
-        y(i) = static_cast<std::int64_t>(static_cast<std::uint64_t>(i) * 2654435761ull % std::uint64_t(v));
-      });
+  fill_rows(x, y);
   Kokkos::fence();
   const std::int64_t rows[] = {0, n / 2, n - 2, n - 1};
   // float64 reference of the checked rows, from the stored values (before the gradient overwrites them).
@@ -122,9 +139,7 @@ TEST(Large, OneRowBeyondTwoToThe31Columns) {
   const std::int64_t v = two31 + 4103, period = 1021;
   const auto part = vpce::VocabPartition::even(v, comm);
   Kokkos::View<S**, Kokkos::LayoutRight, mem> x(Kokkos::view_alloc(Kokkos::WithoutInitializing, "x"), 1, v);
-  Kokkos::parallel_for(
-      "fill", Kokkos::RangePolicy<exec, Kokkos::IndexType<std::int64_t>>(0, v),
-      KOKKOS_LAMBDA(std::int64_t j) { x(0, j) = logit_of(std::uint64_t(j % period)); });
+  fill_pattern(x, period);
   // Spikes (positions, values): the target and the largest logits beyond column 2^31, one before it.
   const std::int64_t target = two31 + 1000;
   const std::vector<std::pair<std::int64_t, float>> spikes = {

@@ -39,6 +39,17 @@ inline bool overlaps(const void* a, std::size_t na, const void* b, std::size_t n
   return na > 0 && nb > 0 && pa < pb + nb && pb < pa + na;
 }
 
+/// Rows of targets that are not ignore_index. A free function, not in the (private) member run(): CUDA's
+/// extended __host__ __device__ lambdas must not be defined in a private or protected member function.
+template <class ExecSpace, class TargetsView>
+std::int64_t count_valid(const ExecSpace& exec, const TargetsView& targets, std::int64_t ignore) {
+  std::int64_t n_valid = 0;
+  Kokkos::parallel_reduce(
+      "vpce::linear::count_valid", Kokkos::RangePolicy<ExecSpace>(exec, 0, targets.extent(0)),
+      KOKKOS_LAMBDA(std::int64_t i, std::int64_t & c) { c += targets(i) != ignore ? 1 : 0; }, n_valid);
+  return n_valid;
+}
+
 }  // namespace impl
 
 template <class Scalar, class ExecSpace>
@@ -199,11 +210,7 @@ void LinearCrossEntropy<Scalar, ExecSpace>::run(const matrix_view& hidden, const
   const bool grad = what == What::grad;
 
   // The mean's divisor counts the valid rows of all chunks before the first gradient is written.
-  std::int64_t n_valid = 0;
-  const std::int64_t ignore = m_opt.ignore_index;
-  Kokkos::parallel_reduce(
-      "vpce::linear::count_valid", Kokkos::RangePolicy<ExecSpace>(m_exec, 0, n),
-      KOKKOS_LAMBDA(std::int64_t i, std::int64_t & c) { c += targets(i) != ignore ? 1 : 0; }, n_valid);
+  const std::int64_t n_valid = impl::count_valid(m_exec, targets, m_opt.ignore_index);
   Scalar scale = grad_scale;
   if (m_opt.reduction == Reduction::mean) scale = n_valid > 0 ? grad_scale / Scalar(n_valid) : Scalar(0);
 
