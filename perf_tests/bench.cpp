@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "vpce/config.hpp"
+#include "vpce/impl/stream.hpp"
 #include "vpce/vpce.hpp"
 
 namespace vpce::bench {
@@ -123,7 +124,7 @@ std::vector<Record> run_typed(const Communicator& comm, const Config& cfg) {
   std::vector<Record> recs;
   const RegionTimer timer;
   auto add = [&](const std::string& name, double bytes, const std::function<void()>& op) {
-    if (!wanted(cfg, name) && name != "copy") return;
+    if (!wanted(cfg, name) && name != "copy" && name != "copy_stream" && name != "read") return;
     const auto t = time_op(comm, cfg.reps, op);
     Record r;
     r.name = name;
@@ -140,15 +141,49 @@ std::vector<Record> run_typed(const Communicator& comm, const Config& cfg) {
     recs.push_back(r);
   };
 
-  // The ceiling: a copy of the logits, read + write: on the host memcpy of each row by the threads (a plain
-  // loop did not vectorise for the 16-bit types), on a device the runtime's own device-to-device copy.
+  // The ceilings, each over the same logits. "copy": read + write, with plain stores (on the host memcpy of
+  // each row by the threads, a plain loop did not vectorise for the 16-bit types; on a device the runtime's
+  // device-to-device copy): each written line is read first (read-for-ownership), 3 units of traffic for 2.
+  // "copy_stream": read + write with streaming stores on the host (the STREAM convention: 2 units; a device
+  // writes whole lines anyway, the same copy). "read": a read-only pass (a sum of the logits).
+  constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Exec::memory_space>::accessible;
+  using Rows = Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>;
   add("copy", 2 * elem_bytes, [&] {
-    if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, Exec::memory_space>::accessible) {
+    if constexpr (host) {
       Kokkos::parallel_for(
-          "vpce_bench::copy", Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(0, n),
+          "vpce_bench::copy", Rows(0, n),
           KOKKOS_LAMBDA(std::int64_t i) { std::memcpy(&out(i, 0), &logits(i, 0), v * sizeof(S)); });
     } else {
       Kokkos::deep_copy(out, logits);
+    }
+  });
+  add("copy_stream", 2 * elem_bytes, [&] {
+    if constexpr (host) {
+      Kokkos::parallel_for(
+          "vpce_bench::copy_stream", Rows(0, n),
+          KOKKOS_LAMBDA(std::int64_t i) { impl::stream_copy(&out(i, 0), &logits(i, 0), v * sizeof(S)); });
+    } else {
+      Kokkos::deep_copy(out, logits);
+    }
+  });
+  T read_sum = 0;
+  add("read", elem_bytes, [&] {
+    if constexpr (host) {
+      Kokkos::parallel_reduce(
+          "vpce_bench::read", Rows(0, n),
+          KOKKOS_LAMBDA(std::int64_t i, T & acc) {
+            const S* x = &logits(i, 0);
+            T s = 0;
+#pragma omp simd reduction(+ : s)
+            for (std::int64_t j = 0; j < v; ++j) s += T(x[j]);
+            acc += s;
+          },
+          read_sum);
+    } else {
+      const std::int64_t total = n * v;
+      const S* x = logits.data();
+      Kokkos::parallel_reduce(
+          "vpce_bench::read", Rows(0, total), KOKKOS_LAMBDA(std::int64_t k, T & acc) { acc += T(x[k]); }, read_sum);
     }
   });
 
@@ -183,8 +218,12 @@ std::vector<Record> run_typed(const Communicator& comm, const Config& cfg) {
       });
     }
   }
-  const double copy_ms = recs.front().ms_median;
-  for (auto& r : recs) r.ratio_to_copy = r.ms_median / copy_ms;
+  const double copy_ms = recs[0].ms_median, stream_ms = recs[1].ms_median, read_ms = recs[2].ms_median;
+  for (auto& r : recs) {
+    r.ratio_to_copy = r.ms_median / copy_ms;
+    r.ratio_to_stream = r.ms_median / stream_ms;
+    r.ratio_to_read = r.ms_median / read_ms;
+  }
   return recs;
 }
 
@@ -210,6 +249,7 @@ std::string to_json(const std::vector<Record>& records) {
        << ", \"tokens\": " << r.tokens << ", \"vocab_local\": " << r.vocab_local << ", \"dtype\": \"" << r.dtype
        << "\", \"ms_median\": " << r.ms_median << ", \"ms_min\": " << r.ms_min << ", \"bytes\": " << r.bytes
        << ", \"gbps\": " << r.gbps << ", \"ratio_to_copy\": " << r.ratio_to_copy
+       << ", \"ratio_to_stream\": " << r.ratio_to_stream << ", \"ratio_to_read\": " << r.ratio_to_read
        << ", \"collective_ms\": " << r.collective_ms << ", \"backend\": \"" << Exec::name()
        << "\", \"kokkos_version\": " << KOKKOS_VERSION << ", \"vpce_version\": \"" << VPCE_VERSION_STRING << "\"}"
        << (k + 1 < records.size() ? "," : "") << "\n";
@@ -227,12 +267,12 @@ std::string to_table(const std::vector<Record>& records) {
                   records[0].dtype.c_str());
     os << line;
   }
-  std::snprintf(line, sizeof line, "%-36s %10s %10s %8s %8s %12s\n", "name", "ms(median)", "ms(min)", "GB/s", "x copy",
-                "MPI ms");
+  std::snprintf(line, sizeof line, "%-36s %10s %10s %8s %8s %8s %8s %10s\n", "name", "ms(median)", "ms(min)", "GB/s",
+                "x copy", "x stream", "x read", "MPI ms");
   os << line;
   for (const auto& r : records) {
-    std::snprintf(line, sizeof line, "%-36s %10.2f %10.2f %8.2f %8.2f %12.3f\n", r.name.c_str(), r.ms_median, r.ms_min,
-                  r.gbps, r.ratio_to_copy, r.collective_ms);
+    std::snprintf(line, sizeof line, "%-36s %10.2f %10.2f %8.2f %8.2f %8.2f %8.2f %10.3f\n", r.name.c_str(),
+                  r.ms_median, r.ms_min, r.gbps, r.ratio_to_copy, r.ratio_to_stream, r.ratio_to_read, r.collective_ms);
     os << line;
   }
   return os.str();

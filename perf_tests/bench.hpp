@@ -3,7 +3,9 @@
 /// \brief vpce's MPI-aware benchmark harness, used by `vpce bench`, `vpce demo` and perf_tests/vpce_perf.
 ///
 /// Every figure is the median over repetitions of the slowest rank's time, reported with the bytes the
-/// operation must move and as a ratio to a copy of the same logits (read + write) timed in the same run.
+/// operation must move and as ratios to three ceilings timed in the same run over the same logits: a copy
+/// with plain stores ("copy": read + write, each written line read first), a copy with streaming stores
+/// ("copy_stream", the STREAM convention) and a read-only pass ("read").
 
 #include <cstdint>
 #include <string>
@@ -15,10 +17,10 @@ namespace vpce::bench {
 
 struct Config {
   std::int64_t tokens = 4096;
-  std::int64_t vocab = 65536;     ///< global vocabulary; split evenly over the ranks
-  std::string dtype = "float32";  ///< float32 | float64 | bfloat16 | float16 (logits and gradient)
-  int reps = 10;                  ///< timed repetitions (after one warm-up)
-  std::vector<std::string> only;  ///< if not empty: run only records whose name starts with one of these
+  std::int64_t vocab = 65536;               ///< global vocabulary; split evenly over the ranks
+  std::string dtype = "float32";            ///< float32 | float64 | bfloat16 | float16 (logits and gradient)
+  int reps = 10;                            ///< timed repetitions (after one warm-up)
+  std::vector<std::string> only;            ///< if not empty: run only records whose name starts with one of these
   std::int64_t block_bytes_per_thread = 0;  ///< Options::block_bytes_per_thread; 0: the library's default
 };
 
@@ -31,10 +33,12 @@ struct Record {
   std::string dtype;
   double ms_median = 0;  ///< median over reps of the max over ranks
   double ms_min = 0;
-  double bytes = 0;          ///< bytes the operation must move per rank (logits read, gradient/stash written, ...)
-  double gbps = 0;           ///< bytes / ms_median
-  double ratio_to_copy = 0;  ///< ms_median / the copy's ms_median
-  double collective_ms = 0;  ///< median (slowest rank) time in vpce's collective regions; -1: not measured
+  double bytes = 0;            ///< bytes the operation must move per rank (logits read, gradient/stash written, ...)
+  double gbps = 0;             ///< bytes / ms_median
+  double ratio_to_copy = 0;    ///< ms_median / the copy's (plain stores: read-for-ownership) ms_median
+  double ratio_to_stream = 0;  ///< ms_median / the streaming-store copy's ms_median
+  double ratio_to_read = 0;    ///< ms_median / the read-only pass's ms_median
+  double collective_ms = 0;    ///< median (slowest rank) time in vpce's collective regions; -1: not measured
 };
 
 /// Collective: runs the benchmark; every rank returns the same records.

@@ -1177,10 +1177,12 @@ def suite_commands(r):
     with open(js) as f:
         records = json.load(f)
     names = {rec["name"] for rec in records}
-    for want in ("copy", "loss_and_grad/fused", "loss_and_grad/seed", "forward_backward/seed/stash"):
+    for want in ("copy", "copy_stream", "read", "loss_and_grad/fused", "loss_and_grad/seed",
+                 "forward_backward/seed/stash"):
         if want not in names:
             raise Failure("bench: no record %r in %s\n%s" % (want, sorted(names), res.describe()))
-    if any(rec["ranks"] != r.np or rec["tokens"] != 64 for rec in records):
+    if any(rec["ranks"] != r.np or rec["tokens"] != 64 or not rec["ratio_to_stream"] > 0 or not rec["ratio_to_read"] > 0
+           for rec in records):
         raise Failure("bench: records with the wrong ranks or tokens: %s" % records)
     if "loss_and_grad/fused" not in res.stdout or leftovers(w, js):
         raise Failure("bench: no table on stdout, or a temporary JSON file left\n%s" % res.describe())
