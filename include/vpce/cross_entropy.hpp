@@ -142,7 +142,10 @@ class CrossEntropy {
   impl::GradScale<T, memory_space> grad_scale_for(const grad_loss_view* grad_loss, T grad_scale,
                                                   std::string* err) const;
   impl::Params<T> params() const;
-  void ensure_capacity(std::int64_t n_rows, bool stash, bool head_scratch);
+  void ensure_capacity(std::int64_t n_rows, bool stash, std::int64_t scratch_rows);
+  /// Whether rows of G are written with streaming stores.
+  template <class G>
+  bool streaming() const noexcept;
   /// The non-finite check of rows [row0, row1) on the all-reduced records (the same on every rank): the
   /// message of the first bad row, empty when there is none.
   std::string check_rows(std::int64_t row0, std::int64_t row1) const;
@@ -171,9 +174,11 @@ class CrossEntropy {
   Kokkos::View<T*, memory_space> m_seed_head;  // the seed strategy's first MAX: head rows + the call status
   decltype(Kokkos::create_mirror_view(std::declval<staging>(),
                                       std::declval<Kokkos::View<T*, memory_space>>())) m_seed_head_host;
-  // The fused strategy's first block keeps its exp(x - m) here until the ranks have agreed that the inputs
-  // are valid (the caller's gradient, maybe the logits' buffer, is written only after that).
-  Kokkos::View<T**, Kokkos::LayoutRight, memory_space> m_head_exp;
+  // The fused strategy's exp(x - m) for the gradient: on the host two blocks' worth (they stay in cache and
+  // the caller's gradient is written once, with streaming stores); on a device the first block's, kept until
+  // the ranks have agreed that the inputs are valid (the caller's gradient, maybe the logits' buffer, is
+  // written only after that).
+  Kokkos::View<T**, Kokkos::LayoutRight, memory_space> m_exp_scratch;
   Kokkos::View<T**, Kokkos::LayoutRight, memory_space> m_stash;
   Kokkos::View<T*, memory_space> m_stash_target;
 

@@ -41,8 +41,9 @@ void stats(const S* x, const std::int64_t* targets, Stats<T>* out, T* y, T* chun
   f.row(HostInner{}, 0);
 }
 
-// Loss and gradient (or stash) of one row, from the logits or from stored exps.
-template <class S, class T, class G, Write What, Source From, bool Capped>
+// Loss and gradient (or stash) of one row, from the logits or from stored exps; with `Stream`, written
+// through a buffer with streaming stores.
+template <class S, class T, class G, Write What, Source From, bool Capped, bool Stream = false>
 void finalize(const S* x, const std::int64_t* targets, const Stats<T>* stats, T* loss, T* lse, G* y, const T* chunk_max,
               T* stash_target, const T* e) {
   vpce::impl::Finalize<S, T, G, Host, What, From, Capped> f{
@@ -57,7 +58,9 @@ void finalize(const S* x, const std::int64_t* targets, const Stats<T>* stats, T*
       Kokkos::View<T*, Host>(stash_target, 1),
       true,
       e,
-      width};
+      width,
+      0,
+      Stream};
   f.row(HostInner{}, 0);
 }
 
@@ -70,10 +73,14 @@ void seed(const S* x, const std::int64_t* targets, T* out) {
 }
 
 // backward() from the stash.
-template <class T, class G>
+template <class T, class G, bool Stream = false>
 void from_stash(const T* q, const std::int64_t* targets, const T* stash_target, G* y) {
-  vpce::impl::BackwardFromStash<T, G, Host> f{args<T, T>(q, targets), Kokkos::View<const T*, Host>(stash_target, 1), y,
-                                              width, vpce::impl::GradScale<T, Host>{{}, T(1)}};
+  vpce::impl::BackwardFromStash<T, G, Host> f{args<T, T>(q, targets),
+                                              Kokkos::View<const T*, Host>(stash_target, 1),
+                                              y,
+                                              width,
+                                              vpce::impl::GradScale<T, Host>{{}, T(1)},
+                                              Stream};
   f.row(HostInner{}, 0);
 }
 
@@ -104,18 +111,30 @@ void from_stash(const T* q, const std::int64_t* targets, const T* stash_target, 
   }                                                                                                                \
   VPCE_PROBE void vpce_probe_from_stash_##NAME(const T* q, const std::int64_t* t, const T* st, G* y) {             \
     from_stash<T, G>(q, t, st, y);                                                                                 \
+  }                                                                                                                \
+  VPCE_PROBE void vpce_probe_from_stash_stream_##NAME(const T* q, const std::int64_t* t, const T* st, G* y) {      \
+    from_stash<T, G, true>(q, t, st, y);                                                                           \
+  }                                                                                                                \
+  VPCE_PROBE void vpce_probe_grad_stream_##NAME(const S* x, const std::int64_t* t, const Stats<T>* s, T* l, T* e,  \
+                                                G* y, const T* cm, T* st) {                                        \
+    finalize<S, T, G, Write::grad, Source::logits, false, true>(x, t, s, l, e, y, cm, st, nullptr);                \
+  }                                                                                                                \
+  VPCE_PROBE void vpce_probe_grad_stored_stream_##NAME(const S* x, const std::int64_t* t, const Stats<T>* s, T* l, \
+                                                       T* e, G* y, const T* cm, T* st, const T* ex) {              \
+    finalize<S, T, G, Write::grad, Source::stored_exp, false, true>(x, t, s, l, e, y, cm, st, ex);                 \
   }
 
-// Full precision: also the fused strategy's stored exps (statistics storing them, finalize rescaling them)
-// and the stash.
-#define VPCE_PROBES_STORED(NAME, T)                                                                               \
-  VPCE_PROBE void vpce_probe_stats_store_##NAME(const T* x, const std::int64_t* t, Stats<T>* o, T* y, T* cm) {    \
-    stats<T, T, false>(x, t, o, y, cm);                                                                           \
+// The fused strategy's stored exps (statistics storing them in a scratch of T, finalize rescaling them) for
+// every storage type, and the stash (full precision only).
+#define VPCE_PROBES_STORED(NAME, S, T, G)                                                                         \
+  VPCE_PROBE void vpce_probe_stats_store_##NAME(const S* x, const std::int64_t* t, Stats<T>* o, T* y, T* cm) {    \
+    stats<S, T, false>(x, t, o, y, cm);                                                                           \
   }                                                                                                               \
-  VPCE_PROBE void vpce_probe_grad_stored_##NAME(const T* x, const std::int64_t* t, const Stats<T>* s, T* l, T* e, \
-                                                T* y, const T* cm, T* st, const T* ex) {                          \
-    finalize<T, T, T, Write::grad, Source::stored_exp, false>(x, t, s, l, e, y, cm, st, ex);                      \
-  }                                                                                                               \
+  VPCE_PROBE void vpce_probe_grad_stored_##NAME(const S* x, const std::int64_t* t, const Stats<T>* s, T* l, T* e, \
+                                                G* y, const T* cm, T* st, const T* ex) {                          \
+    finalize<S, T, G, Write::grad, Source::stored_exp, false>(x, t, s, l, e, y, cm, st, ex);                      \
+  }
+#define VPCE_PROBES_STASH(NAME, T)                                                                                \
   VPCE_PROBE void vpce_probe_stash_##NAME(const T* x, const std::int64_t* t, const Stats<T>* s, T* l, T* e, T* y, \
                                           const T* cm, T* st) {                                                   \
     finalize<T, T, T, Write::stash, Source::logits, false>(x, t, s, l, e, y, cm, st, nullptr);                    \
@@ -125,8 +144,12 @@ VPCE_PROBES(f32, float, float, float)
 VPCE_PROBES(f64, double, double, double)
 VPCE_PROBES(bf16, vpce::bfloat16, float, vpce::bfloat16)
 VPCE_PROBES(f16, vpce::float16, float, vpce::float16)
-VPCE_PROBES_STORED(f32, float)
-VPCE_PROBES_STORED(f64, double)
+VPCE_PROBES_STORED(f32, float, float, float)
+VPCE_PROBES_STORED(f64, double, double, double)
+VPCE_PROBES_STORED(bf16, vpce::bfloat16, float, vpce::bfloat16)
+VPCE_PROBES_STORED(f16, vpce::float16, float, vpce::float16)
+VPCE_PROBES_STASH(f32, float)
+VPCE_PROBES_STASH(f64, double)
 
 // The checker's own control: a loop-carried recurrence no compiler can vectorise. check_vectorized.py must
 // find it scalar, or its reading of the object code is broken.

@@ -45,6 +45,17 @@ inline std::string check_options(const Options& o) {
 /// its scratch of exp(x - m) (head rows x V_local) at most this many bytes.
 inline constexpr std::int64_t max_head_rows = 1024;
 inline constexpr std::int64_t max_head_scratch_bytes = std::int64_t(64) << 20;
+/// The host's scratch of exps for n rows in the fused strategy: two slots, the head block (h0 rows) and
+/// the even blocks in slot 0, the odd ones in slot 1; where slot 1 starts and the rows of both.
+struct ScratchSlots {
+  std::int64_t slot1 = 0, rows = 0;
+};
+inline ScratchSlots scratch_slots(std::int64_t n, std::int64_t head_rows, std::int64_t block_rows) {
+  const std::int64_t h0 = std::min(n, head_rows);
+  if (n <= h0) return {0, n};
+  const std::int64_t slot1 = n - h0 > block_rows ? block_rows : h0;  // block 2 (slot 0) exists or not
+  return {slot1, slot1 + std::min(n - h0, block_rows)};
+}
 }  // namespace impl
 
 template <class Scalar, class ExecSpace>
@@ -104,6 +115,14 @@ CrossEntropy<Scalar, ExecSpace>::~CrossEntropy() = default;
 template <class Scalar, class ExecSpace>
 bool CrossEntropy<Scalar, ExecSpace>::use_teams() const noexcept {
   return !impl::is_host_space_v<ExecSpace> || m_opt.force_team_kernels;
+}
+
+template <class Scalar, class ExecSpace>
+template <class G>
+bool CrossEntropy<Scalar, ExecSpace>::streaming() const noexcept {
+  // Host rows of at least a KiB: each piece copied out ends with a store fence, which shorter rows would not
+  // pay for.
+  return impl::have_streaming_stores && !use_teams() && m_part.local_size() * std::int64_t(sizeof(G)) >= 1024;
 }
 
 template <class Scalar, class ExecSpace>
@@ -216,7 +235,7 @@ CrossEntropy<Scalar, ExecSpace>::grad_scale_for(const grad_loss_view* grad_loss,
 }
 
 template <class Scalar, class ExecSpace>
-void CrossEntropy<Scalar, ExecSpace>::ensure_capacity(std::int64_t n, bool stash, bool head_scratch) {
+void CrossEntropy<Scalar, ExecSpace>::ensure_capacity(std::int64_t n, bool stash, std::int64_t scratch_rows) {
   auto alloc = [](const char* label) { return Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)); };
   // The records also hold the first all-reduce: head rows (padded) and the status records behind them.
   const std::int64_t n_records = std::max(n, m_head_rows + impl::status_records);
@@ -227,11 +246,10 @@ void CrossEntropy<Scalar, ExecSpace>::ensure_capacity(std::int64_t n, bool stash
     m_chunk_max = decltype(m_chunk_max)(alloc("vpce::chunk_max"), n_records,
                                         std::max<std::int64_t>(1, impl::num_chunks(m_part.local_size())));
   }
-  const std::int64_t head = std::min(n, m_head_rows);
-  if (head_scratch &&
-      (std::int64_t(m_head_exp.extent(0)) < head || std::int64_t(m_head_exp.extent(1)) != m_part.local_size())) {
-    m_head_exp = decltype(m_head_exp)();
-    m_head_exp = decltype(m_head_exp)(alloc("vpce::head_exp"), head, m_part.local_size());
+  if (std::int64_t(m_exp_scratch.extent(0)) < scratch_rows ||
+      (scratch_rows > 0 && std::int64_t(m_exp_scratch.extent(1)) != m_part.local_size())) {
+    m_exp_scratch = decltype(m_exp_scratch)();
+    m_exp_scratch = decltype(m_exp_scratch)(alloc("vpce::exp_scratch"), scratch_rows, m_part.local_size());
   }
   if (m_opt.strategy == Strategy::seed && std::int64_t(m_seed.extent(0)) < n) {
     m_seed = seed_view(alloc("vpce::seed_stats"), n, 4);
@@ -303,11 +321,11 @@ void CrossEntropy<Scalar, ExecSpace>::run(const logits_view& logits, const targe
   const auto g = grad_scale_for(grad_loss, grad_scale, &err);
   const impl::CallStatus status{!err.empty(), n_rows, checksum};
 
-  // The fused strategy's first block keeps its exp(x - m) in a scratch buffer when they would otherwise go
-  // to the caller's gradient (see compute()).
-  const bool head_scratch = err.empty() && out == Out::grad && std::is_same_v<G, T> && m_opt.softcap <= 0 &&
-                            m_opt.strategy == Strategy::fused;
-  ensure_capacity(n_rows, out == Out::stash && err.empty(), head_scratch);
+  // The fused strategy keeps the host's exp(x - m) for the gradient in a scratch of two blocks (see compute()).
+  const bool scratch = err.empty() && out == Out::grad && m_opt.softcap <= 0 && m_opt.strategy == Strategy::fused;
+  const std::int64_t scratch_rows =
+      scratch && !use_teams() ? impl::scratch_slots(n_rows, m_head_rows, m_block_rows).rows : 0;
+  ensure_capacity(n_rows, out == Out::stash && err.empty(), scratch_rows);
   G* y = out == Out::grad ? grad : nullptr;
   std::int64_t ld_y = ld_grad;
   if constexpr (std::is_same_v<G, T>) {
@@ -338,19 +356,42 @@ void CrossEntropy<Scalar, ExecSpace>::compute(const logits_view& logits, const t
       logits.data(), std::int64_t(logits.stride(0)), m_part.local_size(), m_part.begin(), targets, params()};
   const bool teams = use_teams();
   const MPI_Comm comm = m_comm.comm();
-  // The fused strategy stores exp(x - m) in the output rows during the statistics and rescales it
-  // after the collective (one exp per element). Not with the softcap (the chain rule needs x again), nor
-  // for 16-bit outputs (the stored exp would be rounded twice), nor for the seed strategy.
-  constexpr bool can_store = std::is_same_v<G, T> && !Capped;
-  const bool store = can_store && m_opt.strategy == Strategy::fused && out != Out::loss;
+  // Where the fused strategy's statistics store exp(x - m) on the host (Finalize then rescales them: one
+  // exp per element, one read of the logits):
+  //  - nowhere for forward-only calls, with the softcap (the chain rule needs x again), in the seed strategy;
+  //  - the stash: the stash rows themselves;
+  //  - the gradient: a scratch of two blocks (block k in slot k % 2, the two blocks live while the pipeline
+  //    runs), which stays in cache, so that the caller's rows are only written, once (also for a 16-bit
+  //    gradient, and in place). Nothing the caller sees is written before the call status is known.
+  // On the host every row is written with streaming stores (never read first; stream.hpp). A device stores
+  // no exps: its statistics read each row once (a running max and sum per thread, merged across the team)
+  // and Finalize recomputes the exps from the logits: 2 reads + 1 write of N x V_local in all.
+  struct Exps {
+    T* e = nullptr;  // row i at e + (i - row0) * ld; null with in_y: in y itself
+    std::int64_t ld = 0, row0 = 0;
+    bool in_y = false;
+  };
+  const bool fused_store = !Capped && !teams && m_opt.strategy == Strategy::fused && out != Out::loss;
+  auto exps = [&](std::int64_t block, std::int64_t r0) {
+    Exps x;
+    if (!fused_store) return x;
+    if (out == Out::stash) {
+      x.in_y = std::is_same_v<G, T>;
+      return x;
+    }
+    x.e = &m_exp_scratch(block % 2 * impl::scratch_slots(n_rows, m_head_rows, m_block_rows).slot1, 0);
+    x.ld = m_exp_scratch.stride(0);
+    x.row0 = r0;
+    return x;
+  };
+  const bool stream = streaming<G>();
 
-  // Loss/lse and the gradient or stash of rows [r0, r1); with Source::stored_exp the exp(x - m) are read
-  // from e (row stride ld_e), or from y itself when e is null.
-  auto finalize = [&](std::int64_t r0, std::int64_t r1, const T* e, std::int64_t ld_e) {
+  // Loss/lse and the gradient or stash of rows [r0, r1), from the stored exps where there are some.
+  auto finalize = [&](std::int64_t r0, std::int64_t r1, const Exps& ex) {
     impl::ScopedRegion r("vpce::loss_grad");
     auto launch = [&](auto what, auto from) {
       impl::Finalize<Scalar, T, G, memory_space, decltype(what)::value, decltype(from)::value, Capped> f{
-          args, m_records, loss, m_lse, y, ld_y, g, m_chunk_max, m_stash_target, true, e, ld_e};
+          args, m_records, loss, m_lse, y, ld_y, g, m_chunk_max, m_stash_target, true, ex.e, ex.ld, ex.row0, stream};
       impl::for_rows("vpce::finalize", m_exec, r0, r1, f, teams);
     };
     using W = impl::Write;
@@ -363,8 +404,8 @@ void CrossEntropy<Scalar, ExecSpace>::compute(const logits_view& logits, const t
       else
         launch(std::integral_constant<W, W::loss>(), from);
     };
-    if constexpr (can_store) {
-      if (store) {
+    if constexpr (!Capped) {
+      if (ex.e != nullptr || ex.in_y) {
         with_source(std::integral_constant<S, S::stored_exp>());
         return;
       }
@@ -452,19 +493,25 @@ void CrossEntropy<Scalar, ExecSpace>::compute(const logits_view& logits, const t
     const std::string bad = check_rows(0, n_rows);
     if (!bad.empty()) fail_non_finite(bad, 0);  // nothing written yet
     Kokkos::deep_copy(m_exec, m_records, m_records_host);
-    finalize(0, n_rows, nullptr, 0);
+    finalize(0, n_rows, Exps{});
   } else {
     // Fused: per block, local (max, sumexp, target, sum) records, ONE all-reduce of them, then loss/gradient.
     // The first block (the head) has min(N, head_rows) rows and its all-reduce always head_rows records plus
     // the status records: the same size on every rank whatever its N. Until the status is known nothing the
-    // caller sees is written: the head's exp(x - m) go to m_head_exp instead of the caller's gradient (the
-    // same arithmetic, so the same bits as any other block).
-    auto stats = [&](std::int64_t r0, std::int64_t r1, T* ys, std::int64_t ld_ys) {
+    // caller sees is written: the head's exps go to the scratch (see exps above), never to the gradient.
+    auto stats = [&](std::int64_t block, std::int64_t r0, std::int64_t r1) {
       impl::ScopedRegion r("vpce::stats");
       impl::LocalStats<Scalar, T, memory_space, Capped> f{args, m_records, nullptr, 0, m_chunk_max};
-      if (store) {
-        f.y = ys;
-        f.ld_y = ld_ys;
+      const Exps ex = exps(block, r0);
+      if (ex.e != nullptr) {
+        f.y = ex.e;
+        f.ld_y = ex.ld;
+        f.y_row0 = ex.row0;
+      } else if constexpr (std::is_same_v<G, T>) {
+        if (ex.in_y) {
+          f.y = y;
+          f.ld_y = ld_y;
+        }
       }
       impl::for_rows("vpce::local_stats", m_exec, r0, r1, f, teams);
     };
@@ -486,15 +533,7 @@ void CrossEntropy<Scalar, ExecSpace>::compute(const logits_view& logits, const t
     };
     const std::int64_t head = m_head_rows;
     const std::int64_t h0 = std::min(n_rows, head);
-    T* head_y = nullptr;
-    std::int64_t head_ld = 0;
-    if constexpr (can_store) {
-      if (store) {
-        head_y = out == Out::grad ? m_head_exp.data() : y;
-        head_ld = out == Out::grad ? std::int64_t(m_head_exp.stride(0)) : ld_y;
-      }
-    }
-    if (ok) stats(0, h0, head_y, head_ld);
+    if (ok) stats(0, 0, h0);
     bool disagree = false;
     {
       impl::ScopedRegion r("vpce::collective");
@@ -512,26 +551,24 @@ void CrossEntropy<Scalar, ExecSpace>::compute(const logits_view& logits, const t
     if (disagree) throw_agreed(err, status);
     std::string bad = check_rows(0, h0);
     if (!bad.empty()) fail_non_finite(bad, 0);  // only the scratch (or the stash) was written
-    finalize(0, h0, head_y, head_ld);
+    finalize(0, h0, exps(0, 0));
     // The other blocks, pipelined: block k+1's statistics run while block k's all-reduce is in flight, and
     // block k's loss/gradient while block k+1's is. So two blocks are live in cache at a time (the block
     // size counts for that), and no request is pending when a bad row throws.
-    T* ys = nullptr;
-    if constexpr (can_store) ys = y;
     auto block_end = [&](std::int64_t r0) { return std::min(n_rows, r0 + m_block_rows); };
     if (h0 < n_rows) {
-      stats(h0, block_end(h0), ys, ld_y);
+      stats(1, h0, block_end(h0));
       start(h0, block_end(h0));
     }
-    for (std::int64_t r0 = h0; r0 < n_rows;) {
+    for (std::int64_t r0 = h0, block = 1; r0 < n_rows; ++block) {
       const std::int64_t r1 = block_end(r0);
       const std::int64_t r2 = block_end(r1);  // the next block is [r1, r2), empty after the last
-      if (r1 < n_rows) stats(r1, r2, ys, ld_y);
+      if (r1 < n_rows) stats(block + 1, r1, r2);
       finish(r0, r1);
       bad = check_rows(r0, r1);
-      if (!bad.empty()) fail_non_finite(bad, store ? r2 : r0);  // the stats stored exps in rows [r0, r2)
+      if (!bad.empty()) fail_non_finite(bad, r0);  // the caller's gradient is written up to r0
       if (r1 < n_rows) start(r1, r2);
-      finalize(r0, r1, nullptr, 0);
+      finalize(r0, r1, exps(block, r0));
       r0 = r1;
     }
   }
@@ -571,14 +608,15 @@ void CrossEntropy<Scalar, ExecSpace>::backward_rows(const impl::GradScale<T, mem
     impl::KernelArgs<T, T, memory_space> args{m_stash.data(),      std::int64_t(m_stash.stride(0)),
                                               m_part.local_size(), m_part.begin(),
                                               m_saved_targets,     params()};
-    impl::BackwardFromStash<T, G, memory_space> f{args, m_stash_target, y, ld_y, g};
+    impl::BackwardFromStash<T, G, memory_space> f{args, m_stash_target, y, ld_y, g, streaming<G>()};
     impl::for_rows("vpce::backward_stash", m_exec, 0, n_rows, f, use_teams());
   } else {
     impl::KernelArgs<Scalar, T, memory_space> args{m_saved_logits.data(), std::int64_t(m_saved_logits.stride(0)),
                                                    m_part.local_size(),   m_part.begin(),
                                                    m_saved_targets,       params()};
     impl::Finalize<Scalar, T, G, memory_space, impl::Write::grad, impl::Source::logits, Capped> f{
-        args, m_records, loss_view(), m_lse, y, ld_y, g, m_chunk_max, m_stash_target, false};
+        args,        m_records,      loss_view(), m_lse,   y, ld_y, g,
+        m_chunk_max, m_stash_target, false,       nullptr, 0, 0,    streaming<G>()};
     // The records hold the merged statistics of the last forward; lse is recomputed from them.
     impl::for_rows("vpce::backward_recompute", m_exec, 0, n_rows, f, use_teams());
   }

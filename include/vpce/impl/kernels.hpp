@@ -15,6 +15,7 @@
 #include "vpce/impl/compat.hpp"
 #include "vpce/impl/math.hpp"
 #include "vpce/impl/row_stats.hpp"
+#include "vpce/impl/stream.hpp"
 
 #if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__) || defined(__SYCL_DEVICE_ONLY__)
 #define VPCE_SIMD_REDUCE(op, var)
@@ -61,6 +62,26 @@ struct HostInner {
     VPCE_SIMD
     for (std::int64_t j = 0; j < n; ++j) f(j);
   }
+  /// y[j] = v(j) (a G) for j in [0, n), then y[c] = fix if 0 <= c < n. With `stream` each piece of the row
+  /// is formed in a buffer on the thread's stack (in L1) and copied out with streaming stores: the row is
+  /// written once and never read (stream.hpp).
+  template <class G, class F>
+  KOKKOS_FORCEINLINE_FUNCTION void store(std::int64_t n, G* y, const F& v, std::int64_t c, G fix, bool stream) const {
+    if (!stream) {
+      for_each(n, [&](std::int64_t j) { y[j] = v(j); });
+      if (c >= 0 && c < n) y[c] = fix;
+      return;
+    }
+    constexpr std::int64_t piece = 2048;
+    alignas(64) G buf[piece];
+    for (std::int64_t j0 = 0; j0 < n; j0 += piece) {
+      const std::int64_t len = n - j0 < piece ? n - j0 : piece;
+      VPCE_SIMD
+      for (std::int64_t j = 0; j < len; ++j) buf[j] = v(j0 + j);
+      if (c >= j0 && c < j0 + len) buf[c - j0] = fix;
+      stream_copy(y + j0, buf, std::size_t(len) * sizeof(G));
+    }
+  }
   template <class F>
   KOKKOS_FORCEINLINE_FUNCTION void single(const F& f) const {
     f();
@@ -81,6 +102,61 @@ struct MaxOrNegInf {
   KOKKOS_INLINE_FUNCTION void join(volatile T& dst, const volatile T& src) const { dst = src > dst ? src : dst; }
   KOKKOS_INLINE_FUNCTION void init(T& v) const { v = neg_inf<T>(); }
   KOKKOS_INLINE_FUNCTION T& reference() const { return value; }
+  KOKKOS_INLINE_FUNCTION result_view_type view() const { return result_view_type(&value); }
+  KOKKOS_INLINE_FUNCTION bool references_scalar() const { return true; }
+};
+
+/// The one-pass statistics of a slice on a device: m = max x, s = sum exp(x - m) (online: an element of
+/// -inf adds nothing, a NaN makes s NaN), zmax = the max of the raw logits (+inf is caught there even
+/// when the softcap makes x finite), sx = the sum of x.
+template <class T>
+struct OnlineStats {
+  T m, s, zmax, sx;
+  /// Adds column value x (raw logit z).
+  KOKKOS_INLINE_FUNCTION void add(T z, T x) {
+    const RowStats<T> r =
+        merge(RowStats<T>{m, s, T(0), T(0)}, RowStats<T>{x, x == neg_inf<T>() ? T(0) : T(1), T(0), T(0)});
+    m = r.m;
+    s = r.s;
+    zmax = z > zmax ? z : zmax;
+    sx += x;
+  }
+  KOKKOS_INLINE_FUNCTION void join(T m2, T s2, T zmax2, T sx2) {
+    const RowStats<T> r = merge(RowStats<T>{m, s, T(0), T(0)}, RowStats<T>{m2, s2, T(0), T(0)});
+    m = r.m;
+    s = r.s;
+    zmax = zmax2 > zmax ? zmax2 : zmax;
+    sx += sx2;
+  }
+};
+
+/// Reducer of OnlineStats across a team (the merge of the collective, DESIGN section "the record").
+template <class T>
+struct OnlineReducer {
+  using reducer = OnlineReducer;
+  using value_type = OnlineStats<T>;
+  using result_view_type = Kokkos::View<value_type, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>;
+  value_type& value;
+  KOKKOS_INLINE_FUNCTION explicit OnlineReducer(value_type& v) : value(v) {}
+  KOKKOS_INLINE_FUNCTION void join(value_type& dst, const value_type& src) const {
+    dst.join(src.m, src.s, src.zmax, src.sx);
+  }
+  KOKKOS_INLINE_FUNCTION void join(volatile value_type& dst, const volatile value_type& src) const {
+    value_type d{dst.m, dst.s, dst.zmax, dst.sx};
+    d.join(src.m, src.s, src.zmax, src.sx);
+    dst.m = d.m;
+    dst.s = d.s;
+    dst.zmax = d.zmax;
+    dst.sx = d.sx;
+  }
+  KOKKOS_INLINE_FUNCTION void init(value_type& v) const { v = {neg_inf<T>(), T(0), neg_inf<T>(), T(0)}; }
+  KOKKOS_INLINE_FUNCTION void init(volatile value_type& v) const {
+    v.m = neg_inf<T>();
+    v.s = T(0);
+    v.zmax = neg_inf<T>();
+    v.sx = T(0);
+  }
+  KOKKOS_INLINE_FUNCTION value_type& reference() const { return value; }
   KOKKOS_INLINE_FUNCTION result_view_type view() const { return result_view_type(&value); }
   KOKKOS_INLINE_FUNCTION bool references_scalar() const { return true; }
 };
@@ -110,6 +186,20 @@ struct TeamInner {
   template <class F>
   KOKKOS_FORCEINLINE_FUNCTION void for_each(std::int64_t n, const F& f) const {
     Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n), f);
+  }
+  /// The one-pass statistics of columns [0, n): f(j, stats) adds column j (OnlineStats::add).
+  template <class T, class F>
+  KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online(std::int64_t n, const F& f) const {
+    OnlineStats<T> r{neg_inf<T>(), T(0), neg_inf<T>(), T(0)};
+    Kokkos::parallel_reduce(Kokkos::TeamThreadRange(member, n), f, OnlineReducer<T>(r));
+    return r;
+  }
+  /// y[j] = v(j) for j in [0, n), then y[c] = fix if 0 <= c < n (plain stores: a device writes whole lines).
+  template <class G, class F>
+  KOKKOS_FORCEINLINE_FUNCTION void store(std::int64_t n, G* y, const F& v, std::int64_t c, G fix, bool) const {
+    for_each(n, [&](std::int64_t j) { y[j] = v(j); });
+    barrier();
+    if (c >= 0 && c < n) single([&]() { y[c] = fix; });
   }
   template <class F>
   KOKKOS_FORCEINLINE_FUNCTION void single(const F& f) const {
@@ -223,17 +313,18 @@ KOKKOS_INLINE_FUNCTION std::int64_t num_chunks(std::int64_t n) { return (n + chu
 ///
 /// On the host the row is read ONCE from memory, chunk by chunk (online softmax): a max loop over the
 /// chunk (in L1), then its exp loop against the running max, rescaling the running sum when the max
-/// grows. On a device: a max loop over the row, then an exp loop (threads across the row). With `y` set
-/// (G == T), the exp loop also stores e_j = exp(x_j - m_c) there (the stash or gradient rows, possibly the
-/// logits' own buffer), m_c being the running max when chunk c was stored, kept in `chunk_max(i, c)`, so
-/// that Finalize only rescales: one exp per element and one read of the logits.
+/// grows. On a device: a max loop over the row, then an exp loop (threads across the row). With `y` set,
+/// the exp loop also stores e_j = exp(x_j - m_c) there (a scratch, or the stash or gradient rows, possibly
+/// the logits' own buffer), m_c being the running max when chunk c was stored, kept in `chunk_max(i, c)`,
+/// so that Finalize only rescales: one exp per element and one read of the logits.
 template <class S, class T, class MemSpace, bool Capped>
 struct LocalStats {
   KernelArgs<S, T, MemSpace> a;
   Kokkos::View<RowStats<T>*, MemSpace> out;
-  T* y = nullptr;
+  T* y = nullptr;  ///< where the exps go: row i at y + (i - y_row0) * ld_y
   std::int64_t ld_y = 0;
   Kokkos::View<T**, Kokkos::LayoutRight, MemSpace> chunk_max;  ///< N x num_chunks(n), with y only
+  std::int64_t y_row0 = 0;
 
   /// sum_j exp(x_j - m) over len columns, storing each term in y if set. With m = -inf (every logit -inf
   /// or NaN) the sum is 0 -- or NaN if a NaN hides among them -- and y gets zeros.
@@ -261,7 +352,7 @@ struct LocalStats {
   template <class Inner>
   KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t i) const {
     const S* x = a.x + i * a.ld_x;
-    T* yr = y == nullptr ? nullptr : y + i * ld_y;
+    T* yr = y == nullptr ? nullptr : y + (i - y_row0) * ld_y;
     const Params<T>& p = a.p;
     const std::int64_t c = a.local_target(i);
     const T t = c >= 0 ? p.template transform<Capped>(to_compute(x[c])) : T(0);  // before y (may alias x) is written
@@ -293,12 +384,16 @@ struct LocalStats {
       }
       s = T(acc);
     } else {
-      if (p.alpha > T(0)) sum_x = sum_of_x(a.n, x);
-      in.barrier();
-      zmax = in.template max<T>(a.n, [&](std::int64_t j) { return to_compute(x[j]); });
-      m = p.template transform<Capped>(zmax);
-      s = exp_sum(in, a.n, x, yr, m);
-      if (yr != nullptr) in.for_each(num_chunks(a.n), [&](std::int64_t k) { chunk_max(i, k) = m; });
+      // One read of the row: each thread's running (m, s) over its columns, merged across the team. No
+      // exps are stored (y is not used): Finalize recomputes them from the logits.
+      const OnlineStats<T> o = in.template online<T>(a.n, [&](std::int64_t j, OnlineStats<T>& l) {
+        const T z = to_compute(x[j]);
+        l.add(z, p.template transform<Capped>(z));
+      });
+      zmax = o.zmax;
+      m = o.m;
+      s = o.s;
+      if (p.alpha > T(0)) sum_x = o.sx;
     }
     // +inf in the row (even when the softcap makes it finite) is marked like NaN: s = NaN.
     if (zmax == -neg_inf<T>()) s = zmax - zmax;
@@ -419,8 +514,10 @@ enum class Source { logits, stored_exp };
 /// The gradient row is (p_j (1 + 2 zeta lse) - alpha/V - (1 - alpha)[j == target]) * dx_j/dz_j * g_i
 /// (zero for an ignored row). The stash holds the same with g = 1 and without the target term, whose
 /// coefficient (1 - alpha) dx_c/dz_c goes to `stash_target`; backward() then needs only the stash.
-/// Source::stored_exp: the rows already hold exp(x - m_c) per chunk c (LocalStats stored them; no
-/// softcap) and are rescaled by exp(m_c - lse); Source::logits: computed from the logits (may be the same buffer as y).
+/// Source::logits: p computed from the logits (y may be the logits' own buffer). Source::stored_exp: the
+/// statistics stored exp(x - m_c) per chunk c (no softcap), in a scratch `e` (row i at
+/// e + (i - e_row0) * ld_e) or, with e null, in y itself (G == T); they are rescaled by exp(m_c - lse).
+/// With `stream` (the host) rows are written with streaming stores (Inner::store).
 template <class S, class T, class G, class MemSpace, Write What, Source From, bool Capped>
 struct Finalize {
   KernelArgs<S, T, MemSpace> a;
@@ -432,8 +529,10 @@ struct Finalize {
   Kokkos::View<const T**, Kokkos::LayoutRight, MemSpace> chunk_max;
   Kokkos::View<T*, MemSpace> stash_target;
   bool write_loss = true;
-  const T* e = nullptr;  ///< Source::stored_exp: where the exps are (row stride ld_e); null: in y itself
+  const T* e = nullptr;  ///< Source::stored_exp: the scratch of exps; null: they are in y
   std::int64_t ld_e = 0;
+  std::int64_t e_row0 = 0;
+  bool stream = false;
   template <class Inner>
   KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t i) const {
     const Params<T>& p = a.p;
@@ -451,36 +550,39 @@ struct Finalize {
       // The target's x and dx/dz, read before the row (which may alias the logits) is overwritten.
       const T xc = c >= 0 ? p.template transform<Capped>(to_compute(x[c])) : T(0);
       const T chain_c = c >= 0 ? p.template chain<Capped>(xc) : T(0);
+      // The column whose value gets the target term (formed in T and rounded once), or -1.
+      const std::int64_t fix_at = What == Write::grad && valid ? c : -1;
       in.barrier();
       if (What == Write::grad && !valid) {
-        in.for_each(a.n, [&](std::int64_t j) { yr[j] = G(T(0)); });
+        in.store(
+            a.n, yr, [&](std::int64_t) { return G(T(0)); }, -1, G(T(0)), stream);
       } else if constexpr (From == Source::stored_exp) {
         const T k0 = ka * p.scale;
-        const T* er = e != nullptr ? e + i * ld_e : yr;
+        const T* er = e + (i - e_row0) * ld_e;
+        if constexpr (std::is_same_v<G, T>) {
+          if (e == nullptr) er = yr;
+        }
+        auto factor = [&](std::int64_t j) { return fast_exp(chunk_max(i, j / chunk_cols) - l) * kp * p.scale; };
+        const G fix = G(fix_at >= 0 ? er[c] * factor(c) - k0 - kt * chain_c : T(0));
+        in.barrier();  // every thread has read er[c] before the rows (maybe er itself) are rewritten
         for (std::int64_t j0 = 0; j0 < a.n; j0 += chunk_cols) {
           const std::int64_t len = j0 + chunk_cols < a.n ? chunk_cols : a.n - j0;
-          const T f = fast_exp(chunk_max(i, j0 / chunk_cols) - l) * kp * p.scale;
-          G* yc = yr + j0;
+          const T f = factor(j0);
           const T* ec = er + j0;
-          in.for_each(len, [&](std::int64_t j) { yc[j] = G(T(ec[j]) * f - k0); });
+          in.store(
+              len, yr + j0, [&](std::int64_t j) { return G(ec[j] * f - k0); }, fix_at - j0, fix, stream);
         }
       } else {
-        in.for_each(a.n, [&](std::int64_t j) {
-          const T xj = p.template transform<Capped>(to_compute(x[j]));
-          yr[j] = G((fast_exp(xj - l) * kp - ka) * p.template chain<Capped>(xj));
-        });
+        const G fix = G(((fast_exp(xc - l) * kp - ka) - kt) * chain_c);
+        in.store(
+            a.n, yr,
+            [&](std::int64_t j) {
+              const T xj = p.template transform<Capped>(to_compute(x[j]));
+              return G((fast_exp(xj - l) * kp - ka) * p.template chain<Capped>(xj));
+            },
+            fix_at, fix, stream);
       }
-      in.barrier();
-      if constexpr (What == Write::grad) {
-        // The target's value formed in T and rounded once (a 16-bit G would otherwise round twice).
-        if constexpr (From == Source::logits) {
-          if (c >= 0 && valid) in.single([&]() { yr[c] = G(((fast_exp(xc - l) * kp - ka) - kt) * chain_c); });
-        } else {
-          if (c >= 0 && valid) in.single([&]() { yr[c] = G(T(yr[c]) - kt * chain_c); });
-        }
-      } else {
-        in.single([&]() { stash_target(i) = kt * chain_c; });
-      }
+      if constexpr (What == Write::stash) in.single([&]() { stash_target(i) = kt * chain_c; });
     }
     if (write_loss) {
       in.single([&]() {
@@ -512,15 +614,17 @@ struct BackwardFromStash {
   G* y = nullptr;
   std::int64_t ld_y = 0;
   GradScale<T, MemSpace> g;
+  bool stream = false;  ///< streaming stores (the host; Inner::store)
   template <class Inner>
   KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t i) const {
     const T* q = a.x + i * a.ld_x;
     G* yr = y + i * ld_y;
     const T gi = a.valid(i) ? g(i) : T(0);
-    in.for_each(a.n, [&](std::int64_t j) { yr[j] = G(q[j] * gi); });
     const std::int64_t c = a.local_target(i);
-    in.barrier();
-    if (c >= 0 && gi != T(0)) in.single([&]() { yr[c] = G((q[c] - stash_target(i)) * gi); });
+    const std::int64_t fix_at = c >= 0 && gi != T(0) ? c : -1;
+    const G fix = G(fix_at >= 0 ? (q[c] - stash_target(i)) * gi : T(0));
+    in.store(
+        a.n, yr, [&](std::int64_t j) { return G(q[j] * gi); }, fix_at, fix, stream);
   }
 };
 
