@@ -321,8 +321,8 @@ void CrossEntropy<Scalar, ExecSpace>::run(const logits_view& logits, const targe
   const auto g = grad_scale_for(grad_loss, grad_scale, &err);
   const impl::CallStatus status{!err.empty(), n_rows, checksum};
 
-  // The fused strategy keeps the host's exp(x - m) for the gradient in a scratch of two blocks (see compute()).
-  const bool scratch = err.empty() && out == Out::grad && m_opt.softcap <= 0 && m_opt.strategy == Strategy::fused;
+  // The fused strategy keeps the host's exp(x - m) in a scratch of two blocks (see compute()).
+  const bool scratch = err.empty() && out != Out::loss && m_opt.softcap <= 0 && m_opt.strategy == Strategy::fused;
   const std::int64_t scratch_rows =
       scratch && !use_teams() ? impl::scratch_slots(n_rows, m_head_rows, m_block_rows).rows : 0;
   ensure_capacity(n_rows, out == Out::stash && err.empty(), scratch_rows);
@@ -356,29 +356,22 @@ void CrossEntropy<Scalar, ExecSpace>::compute(const logits_view& logits, const t
       logits.data(), std::int64_t(logits.stride(0)), m_part.local_size(), m_part.begin(), targets, params()};
   const bool teams = use_teams();
   const MPI_Comm comm = m_comm.comm();
-  // Where the fused strategy's statistics store exp(x - m) on the host (Finalize then rescales them: one
-  // exp per element, one read of the logits):
-  //  - nowhere for forward-only calls, with the softcap (the chain rule needs x again), in the seed strategy;
-  //  - the stash: the stash rows themselves;
-  //  - the gradient: a scratch of two blocks (block k in slot k % 2, the two blocks live while the pipeline
-  //    runs), which stays in cache, so that the caller's rows are only written, once (also for a 16-bit
-  //    gradient, and in place). Nothing the caller sees is written before the call status is known.
-  // On the host every row is written with streaming stores (never read first; stream.hpp). A device stores
-  // no exps: its statistics read each row once (a running max and sum per thread, merged across the team)
-  // and Finalize recomputes the exps from the logits: 2 reads + 1 write of N x V_local in all.
+  // The fused strategy on the host: the statistics store exp(x - m) in a scratch of two blocks (block k in
+  // slot k % 2: two blocks are live while the pipeline runs), which stays in cache, and Finalize rescales
+  // them into the gradient or the stash: one exp per element, one read of the logits, and the caller's rows
+  // only written, once, with streaming stores (never read first; stream.hpp), also for a 16-bit gradient
+  // and in place. Nothing the caller sees is written before the call status is known. Not for forward-only
+  // calls, with the softcap (the chain rule needs x again), in the seed strategy. A device stores no exps:
+  // its statistics read each row once (a running max and sum per thread, merged across the team) and
+  // Finalize recomputes the exps from the logits: 2 reads + 1 write of N x V_local in all.
   struct Exps {
-    T* e = nullptr;  // row i at e + (i - row0) * ld; null with in_y: in y itself
+    T* e = nullptr;  // row i at e + (i - row0) * ld
     std::int64_t ld = 0, row0 = 0;
-    bool in_y = false;
   };
   const bool fused_store = !Capped && !teams && m_opt.strategy == Strategy::fused && out != Out::loss;
   auto exps = [&](std::int64_t block, std::int64_t r0) {
     Exps x;
     if (!fused_store) return x;
-    if (out == Out::stash) {
-      x.in_y = std::is_same_v<G, T>;
-      return x;
-    }
     x.e = &m_exp_scratch(block % 2 * impl::scratch_slots(n_rows, m_head_rows, m_block_rows).slot1, 0);
     x.ld = m_exp_scratch.stride(0);
     x.row0 = r0;
@@ -405,7 +398,7 @@ void CrossEntropy<Scalar, ExecSpace>::compute(const logits_view& logits, const t
         launch(std::integral_constant<W, W::loss>(), from);
     };
     if constexpr (!Capped) {
-      if (ex.e != nullptr || ex.in_y) {
+      if (ex.e != nullptr) {
         with_source(std::integral_constant<S, S::stored_exp>());
         return;
       }
@@ -503,16 +496,9 @@ void CrossEntropy<Scalar, ExecSpace>::compute(const logits_view& logits, const t
       impl::ScopedRegion r("vpce::stats");
       impl::LocalStats<Scalar, T, memory_space, Capped> f{args, m_records, nullptr, 0, m_chunk_max};
       const Exps ex = exps(block, r0);
-      if (ex.e != nullptr) {
-        f.y = ex.e;
-        f.ld_y = ex.ld;
-        f.y_row0 = ex.row0;
-      } else if constexpr (std::is_same_v<G, T>) {
-        if (ex.in_y) {
-          f.y = y;
-          f.ld_y = ld_y;
-        }
-      }
+      f.y = ex.e;
+      f.ld_y = ex.ld;
+      f.y_row0 = ex.row0;
       impl::for_rows("vpce::local_stats", m_exec, r0, r1, f, teams);
     };
     // A block's all-reduce is non-blocking: started after its statistics, completed after the next block's

@@ -42,20 +42,54 @@ struct HostInner {
     }
     return m;
   }
-  /// Sum in chunks: each chunk in T with vector lanes, chunks added in double. A plain float sum over a
-  /// 50k-column row with one dominant logit lost ~2e-4 nats (every small term rounded against ~1).
+  /// Sum in 16 lanes (column j in lane j % 16, whatever the vector width, so the bits do not depend on the
+  /// ISA's): each lane adds 32 terms in T, then into a lane total in double; the lane totals are added in
+  /// order at the end. A plain float sum over a 50k-column row with one dominant logit lost ~2e-4 nats
+  /// (every small term rounded against ~1). The lanes are explicit so that the partials stay in vector
+  /// registers: a `reduction(+)` per chunk ended each chunk with a serial horizontal sum.
   template <class T, class F>
   KOKKOS_FORCEINLINE_FUNCTION T sum(std::int64_t n, const F& f) const {
-    constexpr std::int64_t chunk = 512;
-    double total = 0;
-    for (std::int64_t j0 = 0; j0 < n; j0 += chunk) {
-      const std::int64_t j1 = j0 + chunk < n ? j0 + chunk : n;
-      T s = 0;
-      VPCE_SIMD_REDUCE(+, s)
-      for (std::int64_t j = j0; j < j1; ++j) s += f(j);
-      total += double(s);
+    T unused;
+    return sum_max<T>(
+        n, f, [](std::int64_t) { return neg_inf<T>(); }, &unused);
+  }
+  /// sum(n, f), and *max = the max of g(j) over the same columns, in the same pass.
+  template <class T, class F, class G>
+  KOKKOS_FORCEINLINE_FUNCTION T sum_max(std::int64_t n, const F& f, const G& g, T* max) const {
+    constexpr std::int64_t lanes = 16, chunk = 32 * lanes;
+    double total[lanes] = {};
+    T mx[lanes];
+    for (std::int64_t l = 0; l < lanes; ++l) mx[l] = neg_inf<T>();
+    const std::int64_t whole = n - n % lanes;
+    for (std::int64_t j0 = 0; j0 < whole; j0 += chunk) {
+      const std::int64_t j1 = j0 + chunk < whole ? j0 + chunk : whole;
+      T part[lanes] = {};
+      for (std::int64_t j = j0; j < j1; j += lanes) {
+        VPCE_SIMD
+        for (std::int64_t l = 0; l < lanes; ++l) {
+          part[l] += f(j + l);
+          const T v = g(j + l);
+          mx[l] = v > mx[l] ? v : mx[l];
+        }
+      }
+      VPCE_SIMD
+      for (std::int64_t l = 0; l < lanes; ++l) total[l] += double(part[l]);
     }
-    return T(total);
+    T rest[lanes] = {};  // the last n % 16 columns, a lane each
+    VPCE_SIMD
+    for (std::int64_t l = 0; l < n - whole; ++l) {
+      rest[l] = f(whole + l);
+      const T v = g(whole + l);
+      mx[l] = v > mx[l] ? v : mx[l];
+    }
+    double t = 0;
+    T m = neg_inf<T>();
+    for (std::int64_t l = 0; l < lanes; ++l) {
+      t += total[l] + double(rest[l]);
+      m = mx[l] > m ? mx[l] : m;
+    }
+    *max = m;
+    return T(t);
   }
   template <class F>
   KOKKOS_FORCEINLINE_FUNCTION void for_each(std::int64_t n, const F& f) const {
@@ -314,9 +348,9 @@ KOKKOS_INLINE_FUNCTION std::int64_t num_chunks(std::int64_t n) { return (n + chu
 /// On the host the row is read ONCE from memory, chunk by chunk (online softmax): a max loop over the
 /// chunk (in L1), then its exp loop against the running max, rescaling the running sum when the max
 /// grows. On a device: a max loop over the row, then an exp loop (threads across the row). With `y` set,
-/// the exp loop also stores e_j = exp(x_j - m_c) there (a scratch, or the stash or gradient rows, possibly
-/// the logits' own buffer), m_c being the running max when chunk c was stored, kept in `chunk_max(i, c)`,
-/// so that Finalize only rescales: one exp per element and one read of the logits.
+/// the host's exp loop also stores e_j = exp(x_j - m_c) there (a scratch that stays in cache), m_c being the
+/// running max when chunk c was stored, kept in `chunk_max(i, c)`, so that Finalize only rescales: one exp
+/// per element and one read of the logits. A device stores none (y unused).
 template <class S, class T, class MemSpace, bool Capped>
 struct LocalStats {
   KernelArgs<S, T, MemSpace> a;
@@ -334,9 +368,8 @@ struct LocalStats {
     if (m == neg_inf<T>()) {
       if (y == nullptr) return in.template sum<T>(len, [&](std::int64_t j) { return nan_or_zero(to_compute(x[j])); });
       return in.template sum<T>(len, [&](std::int64_t j) {
-        const T xj = to_compute(x[j]);  // read before y[j] is written: y may be x's own buffer (in place)
         y[j] = T(0);
-        return nan_or_zero(xj);
+        return nan_or_zero(to_compute(x[j]));
       });
     }
     if (y == nullptr)
@@ -349,13 +382,31 @@ struct LocalStats {
     });
   }
 
+  /// sum_j exp(x_j - m) over len columns (m finite), storing each term in y if set, and *cz = the max of the
+  /// raw logits, in one pass (HostInner::sum_max).
+  KOKKOS_INLINE_FUNCTION T exp_sum_max(const HostInner& in, std::int64_t len, const S* x, T* y, T m, T* cz) const {
+    const Params<T>& p = a.p;
+    auto z = [&](std::int64_t j) { return to_compute(x[j]); };
+    if (y == nullptr)
+      return in.template sum_max<T>(
+          len, [&](std::int64_t j) { return fast_exp(p.template transform<Capped>(to_compute(x[j])) - m); }, z, cz);
+    return in.template sum_max<T>(
+        len,
+        [&](std::int64_t j) {
+          const T e = fast_exp(p.template transform<Capped>(to_compute(x[j])) - m);
+          y[j] = e;
+          return e;
+        },
+        z, cz);
+  }
+
   template <class Inner>
   KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t i) const {
     const S* x = a.x + i * a.ld_x;
     T* yr = y == nullptr ? nullptr : y + (i - y_row0) * ld_y;
     const Params<T>& p = a.p;
     const std::int64_t c = a.local_target(i);
-    const T t = c >= 0 ? p.template transform<Capped>(to_compute(x[c])) : T(0);  // before y (may alias x) is written
+    const T t = c >= 0 ? p.template transform<Capped>(to_compute(x[c])) : T(0);
     // With label smoothing, the sum of x: chunk by chunk on the host (from L1, before the chunk may be
     // overwritten), in a loop of its own on a device.
     auto sum_of_x = [&](std::int64_t len, const S* xs) {
@@ -370,6 +421,24 @@ struct LocalStats {
       for (std::int64_t j0 = 0; j0 < a.n; j0 += chunk_cols) {
         const std::int64_t len = j0 + chunk_cols < a.n ? chunk_cols : a.n - j0;
         const S* xc = x + j0;
+        T* yc = yr == nullptr ? nullptr : yr + j0;
+        if (p.alpha > T(0)) sum_x += sum_of_x(len, xc);
+        if (m != neg_inf<T>()) {
+          // One pass against the running max m: the chunk's exps (summed, maybe stored) and its max together,
+          // so that the loads from memory overlap the exp. If the max grew, the sum is rescaled; by more than
+          // e^80 (the exps might overflow) the chunk is done again in two passes below.
+          T cz;
+          const T sc = exp_sum_max(in, len, xc, yc, m, &cz);
+          const T m_new = cz > zmax ? p.template transform<Capped>(cz) : m;
+          if (m_new - m <= T(80)) {
+            if (yc != nullptr) chunk_max(i, j0 / chunk_cols) = m;  // what the stored exps are relative to
+            acc = (acc + double(sc)) * double(fast_exp(m - m_new));
+            zmax = cz > zmax ? cz : zmax;
+            m = m_new;
+            continue;
+          }
+        }
+        // Two passes: the chunk's max (from memory), then its exps against it (from L1).
         const T cz = in.template max<T>(len, [&](std::int64_t j) { return to_compute(xc[j]); });
         if (cz > zmax) {
           const T m_new = p.template transform<Capped>(cz);
@@ -378,9 +447,8 @@ struct LocalStats {
           m = m_new;
           zmax = cz;
         }
-        if (p.alpha > T(0)) sum_x += sum_of_x(len, xc);
-        acc += double(exp_sum(in, len, xc, yr == nullptr ? nullptr : yr + j0, m));
-        if (yr != nullptr) chunk_max(i, j0 / chunk_cols) = m;
+        acc += double(exp_sum(in, len, xc, yc, m));
+        if (yc != nullptr) chunk_max(i, j0 / chunk_cols) = m;
       }
       s = T(acc);
     } else {
@@ -515,8 +583,8 @@ enum class Source { logits, stored_exp };
 /// (zero for an ignored row). The stash holds the same with g = 1 and without the target term, whose
 /// coefficient (1 - alpha) dx_c/dz_c goes to `stash_target`; backward() then needs only the stash.
 /// Source::logits: p computed from the logits (y may be the logits' own buffer). Source::stored_exp: the
-/// statistics stored exp(x - m_c) per chunk c (no softcap), in a scratch `e` (row i at
-/// e + (i - e_row0) * ld_e) or, with e null, in y itself (G == T); they are rescaled by exp(m_c - lse).
+/// statistics stored exp(x - m_c) per chunk c (no softcap) in a scratch `e` (row i at e + (i - e_row0) * ld_e);
+/// they are rescaled by exp(m_c - lse).
 /// With `stream` (the host) rows are written with streaming stores (Inner::store).
 template <class S, class T, class G, class MemSpace, Write What, Source From, bool Capped>
 struct Finalize {
@@ -529,7 +597,7 @@ struct Finalize {
   Kokkos::View<const T**, Kokkos::LayoutRight, MemSpace> chunk_max;
   Kokkos::View<T*, MemSpace> stash_target;
   bool write_loss = true;
-  const T* e = nullptr;  ///< Source::stored_exp: the scratch of exps; null: they are in y
+  const T* e = nullptr;  ///< Source::stored_exp: the scratch of exps
   std::int64_t ld_e = 0;
   std::int64_t e_row0 = 0;
   bool stream = false;
@@ -559,12 +627,8 @@ struct Finalize {
       } else if constexpr (From == Source::stored_exp) {
         const T k0 = ka * p.scale;
         const T* er = e + (i - e_row0) * ld_e;
-        if constexpr (std::is_same_v<G, T>) {
-          if (e == nullptr) er = yr;
-        }
         auto factor = [&](std::int64_t j) { return fast_exp(chunk_max(i, j / chunk_cols) - l) * kp * p.scale; };
         const G fix = G(fix_at >= 0 ? er[c] * factor(c) - k0 - kt * chain_c : T(0));
-        in.barrier();  // every thread has read er[c] before the rows (maybe er itself) are rewritten
         for (std::int64_t j0 = 0; j0 < a.n; j0 += chunk_cols) {
           const std::int64_t len = j0 + chunk_cols < a.n ? chunk_cols : a.n - j0;
           const T f = factor(j0);
