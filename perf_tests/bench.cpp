@@ -148,24 +148,22 @@ std::vector<Record> run_typed(const Communicator& comm, const Config& cfg) {
   // writes whole lines anyway, the same copy). "read": a read-only pass (a sum of the logits).
   constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Exec::memory_space>::accessible;
   using Rows = Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>;
-  add("copy", 2 * elem_bytes, [&] {
-    if constexpr (host) {
-      Kokkos::parallel_for(
-          "vpce_bench::copy", Rows(0, n),
-          KOKKOS_LAMBDA(std::int64_t i) { std::memcpy(&out(i, 0), &logits(i, 0), v * sizeof(S)); });
-    } else {
-      Kokkos::deep_copy(out, logits);
-    }
-  });
-  add("copy_stream", 2 * elem_bytes, [&] {
-    if constexpr (host) {
-      Kokkos::parallel_for(
-          "vpce_bench::copy_stream", Rows(0, n),
-          KOKKOS_LAMBDA(std::int64_t i) { impl::stream_copy(&out(i, 0), &logits(i, 0), v * sizeof(S)); });
-    } else {
-      Kokkos::deep_copy(out, logits);
-    }
-  });
+  for (const bool stream : {false, true}) {
+    add(stream ? "copy_stream" : "copy", 2 * elem_bytes, [&] {
+      if constexpr (host) {
+        Kokkos::parallel_for(
+            stream ? "vpce_bench::copy_stream" : "vpce_bench::copy", Rows(0, n), KOKKOS_LAMBDA(std::int64_t i) {
+              if (stream) {
+                impl::stream_copy(&out(i, 0), &logits(i, 0), v * sizeof(S));
+              } else {
+                std::memcpy(&out(i, 0), &logits(i, 0), v * sizeof(S));
+              }
+            });
+      } else {
+        Kokkos::deep_copy(out, logits);
+      }
+    });
+  }
   T read_sum = 0;
   add("read", elem_bytes, [&] {
     if constexpr (host) {

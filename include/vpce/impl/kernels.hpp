@@ -164,7 +164,7 @@ struct OnlineStats {
   }
 };
 
-/// Reducer of OnlineStats across a team (the merge of the collective, DESIGN section "the record").
+/// Reducer of OnlineStats across a team: the same (m, s) merge as the collective's (row_stats.hpp).
 template <class T>
 struct OnlineReducer {
   using reducer = OnlineReducer;
