@@ -42,7 +42,7 @@ inline std::string check_options(const Options& o) {
   return {};
 }
 /// The first block of the fused strategy: at most this many rows (its all-reduce is padded to them), and
-/// its scratch of exp(x - m) (head rows x V_local) at most this many bytes.
+/// its rows at most this many bytes of exps (head rows x V_local, in the host's scratch).
 inline constexpr std::int64_t max_head_rows = 1024;
 inline constexpr std::int64_t max_head_scratch_bytes = std::int64_t(64) << 20;
 /// The host's scratch of exps for n rows in the fused strategy: two slots, the head block (h0 rows) and
@@ -536,7 +536,7 @@ void CrossEntropy<Scalar, ExecSpace>::compute(const logits_view& logits, const t
     }
     if (disagree) throw_agreed(err, status);
     std::string bad = check_rows(0, h0);
-    if (!bad.empty()) fail_non_finite(bad, 0);  // only the scratch (or the stash) was written
+    if (!bad.empty()) fail_non_finite(bad, 0);  // only the scratch was written
     finalize(0, h0, exps(0, 0));
     // The other blocks, pipelined: block k+1's statistics run while block k's all-reduce is in flight, and
     // block k's loss/gradient while block k+1's is. So two blocks are live in cache at a time (the block

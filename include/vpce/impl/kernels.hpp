@@ -407,8 +407,7 @@ struct LocalStats {
     const Params<T>& p = a.p;
     const std::int64_t c = a.local_target(i);
     const T t = c >= 0 ? p.template transform<Capped>(to_compute(x[c])) : T(0);
-    // With label smoothing, the sum of x: chunk by chunk on the host (from L1, before the chunk may be
-    // overwritten), in a loop of its own on a device.
+    // With label smoothing, the sum of x: chunk by chunk on the host, in the one-pass statistics on a device.
     auto sum_of_x = [&](std::int64_t len, const S* xs) {
       return in.template sum<T>(len, [&](std::int64_t j) { return p.template transform<Capped>(to_compute(xs[j])); });
     };
