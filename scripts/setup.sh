@@ -57,11 +57,30 @@ install_packages() {
   fi
 }
 
+# The archive this machine's apt uses for its release's main component (a mirror too), from apt's own view
+# of its configured sources (sources.list or deb822 .sources alike): "URI SUITE", or nothing.
+debian_archive() {
+  local codename
+  codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+  [ -n "$codename" ] || return 0
+  apt-cache policy 2>/dev/null | awk -v want="$codename/main" '$3 == want && / Packages$/ { print $2, "'"$codename"'"; exit }'
+}
+
 # Debian's trilinos source package holds Kokkos 3.4.01 and Kokkos Kernels 3.4.01 (packages/kokkos*).
 fetch_trilinos_source() {
-  local dir=$1
+  local dir=$1 archive
+  archive=$(debian_archive)
+  if [ -z "$archive" ]; then  # no package lists yet: read the sources once
+    as_root apt-get update -q >/dev/null
+    archive=$(debian_archive)
+  fi
+  if [ -z "$archive" ]; then
+    echo "[vpce setup] no apt source for this Debian release's main component is configured (apt-cache policy" \
+         "lists none): add one (a mirror works) or set Kokkos_ROOT to an installed Kokkos" >&2
+    return 1
+  fi
   mkdir -p "$dir/lists/partial"
-  echo "deb-src http://deb.debian.org/debian bookworm main" >"$dir/sources.list"
+  echo "deb-src $archive main" >"$dir/sources.list"
   local apt_opts=(-o "Dir::Etc::SourceList=$dir/sources.list" -o Dir::Etc::SourceParts=/dev/null
                   -o "Dir::State::Lists=$dir/lists" -o Debug::NoLocking=1)
   (cd "$dir" && apt-get "${apt_opts[@]}" update -q >/dev/null &&
