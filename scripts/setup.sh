@@ -44,7 +44,8 @@ as_root() {
 install_packages() {
   local pkgs=(build-essential cmake dpkg-dev ca-certificates libopenmpi-dev openmpi-bin libgtest-dev libgmock-dev
               libbenchmark-dev libhdf5-openmpi-dev hdf5-tools libopenblas-dev python3 python3-numpy python3-h5py gfortran
-              clang libclang-rt-14-dev clang-tidy)  # clang + libFuzzer: vpce_tool_fuzz; clang-tidy: vpce_clang_tidy
+              clang libclang-rt-14-dev clang-tidy  # clang + libFuzzer: vpce_tool_fuzz; clang-tidy: vpce_clang_tidy
+              g++-aarch64-linux-gnu)  # vpce_vectorized's aarch64 (NEON) target
   [ "$VPCE_MPI" = mpich ] && pkgs+=(libmpich-dev mpich libhdf5-mpich-dev)
   local missing=()
   for p in "${pkgs[@]}"; do

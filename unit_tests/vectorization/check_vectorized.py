@@ -11,6 +11,9 @@ disassembles it, and requires of every function of vpce's (the probes and what t
   - packed floating-point arithmetic in the target's widest registers somewhere (xmm for x86-64-v2,
     ymm for x86-64-v3, zmm for x86-64-v4).
 
+With an aarch64 cross compiler (Debian's g++-aarch64-linux-gnu) the same for aarch64 (NEON, -march=armv8-a):
+no scalar s/d-register arithmetic in an innermost loop, packed .4s/.2d arithmetic somewhere.
+
 A control function (a loop-carried recurrence) must be found scalar, or the reading of the object code
 is broken. Why not the compiler's report (-fopt-info-vec): GCC analyses a loop that it versions for
 if-conversion twice and reports one of the two copies as missed, at either source line, so the report
@@ -18,8 +21,10 @@ names loops that were vectorised after all.
 
 Usage: check_vectorized.py --compile-commands FILE --kernel-tu FILE --probes FILE --workdir DIR
                            [--targets x86-64-v2,x86-64-v3,x86-64-v4] [--objdump objdump]
+                           [--aarch64-cxx aarch64-linux-gnu-g++ --aarch64-objdump aarch64-linux-gnu-objdump]
 """
 import argparse
+import concurrent.futures
 import json
 import os
 import re
@@ -27,7 +32,7 @@ import shlex
 import subprocess
 import sys
 
-WIDTH = {"x86-64-v2": "xmm", "x86-64-v3": "ymm", "x86-64-v4": "zmm"}
+WIDTH = {"x86-64-v2": "xmm", "x86-64-v3": "ymm", "x86-64-v4": "zmm", "aarch64": "NEON .4s/.2d"}
 SCALAR_FP = re.compile(
     r"^v?(add|sub|mul|div|min|max|sqrt|rcp|rsqrt)s[sd]$"
     r"|^vf(n?m(add|sub))\d{3}s[sd]$"
@@ -36,9 +41,13 @@ SCALAR_FP = re.compile(
     r"|^v?cvt\w*(ss|sd)2\w+$|^v?cvt\w*2s[sd]$"
 )
 PACKED_FP = re.compile(r"^v?(f(n?m(add|sub))\d{3}|add|sub|mul|div|min|max)p[sd]$")
+# aarch64: scalar FP arithmetic names an s or d register; packed names .4s or .2d lanes.
+A64_SCALAR_FP = re.compile(r"^f(add|sub|mul|div|n?madd|n?msub|nmul|max|min|maxnm|minnm|sqrt|cmpe?|ccmpe?|csel|cvt\w*)$")
+A64_SCALAR_REG = re.compile(r"(^|[\s,])[sd]\d+\b")
+A64_PACKED_FP = re.compile(r"^f(add|sub|mul|div|mla|mls|max|min|maxnm|minnm)$")
 FUNC = re.compile(r"^([0-9a-f]+) <(.*)>:$")
 INSN = re.compile(r"^\s*([0-9a-f]+):\s+(\S+)\s*(.*)$")
-JUMP_TARGET = re.compile(r"^([0-9a-f]+)\b")
+JUMP_TARGET = re.compile(r"(?:^|[\s,])([0-9a-f]+) <")
 
 
 def compile_command(compile_commands, kernel_tu):
@@ -51,9 +60,10 @@ def compile_command(compile_commands, kernel_tu):
     sys.exit(f"check_vectorized: {kernel_tu} is not in {compile_commands}")
 
 
-def flags_for(args, kernel_tu, march):
-    """The kernel TU's command with its source, output, -march and optimisation level replaced."""
-    out = [args[0]]
+def flags_for(args, kernel_tu, march, cxx=None):
+    """The kernel TU's command with its source, output, -march and optimisation level replaced (and its
+    compiler, for a cross compiler)."""
+    out = [cxx or args[0]]
     skip = False
     for a in args[1:]:
         if skip:
@@ -86,11 +96,20 @@ def functions(disassembly):
         yield name, insns
 
 
+def is_back_edge_branch(mnem):
+    """A conditional branch: a loop's back edge when backward (an unconditional one rejoins a block)."""
+    return (mnem.startswith("j") and mnem != "jmp") or re.match(r"^(b\.\w+|cbn?z|tbn?z)$", mnem) is not None
+
+
+def scalar_fp(mnem, ops):
+    return bool(SCALAR_FP.match(mnem)) or (bool(A64_SCALAR_FP.match(mnem)) and bool(A64_SCALAR_REG.search(ops)))
+
+
 def innermost_loops(insns):
     loops = []
     for addr, mnem, ops in insns:
-        if mnem.startswith("j") and mnem != "jmp":  # a back edge of a loop; a backward jmp rejoins a block
-            t = JUMP_TARGET.match(ops)
+        if is_back_edge_branch(mnem):
+            t = JUMP_TARGET.search(ops)
             if t and int(t.group(1), 16) <= addr:
                 loops.append((int(t.group(1), 16), addr))
     return [l for l in loops if not any(o != l and l[0] <= o[0] and o[1] <= l[1] for o in loops)]
@@ -101,15 +120,22 @@ def scalar_loops(insns):
     found = []
     for start, end in innermost_loops(insns):
         for addr, mnem, ops in insns:
-            if start <= addr <= end and SCALAR_FP.match(mnem):
+            if start <= addr <= end and scalar_fp(mnem, ops):
                 found.append((start, end, f"{mnem} {ops}"))
                 break
     return found
 
 
-def check(target, args, kernel_tu, probes, workdir, objdump):
+def is_packed(target, mnem, ops):
+    if target == "aarch64":
+        return bool(A64_PACKED_FP.match(mnem)) and (".4s" in ops or ".2d" in ops)
+    return bool(PACKED_FP.match(mnem)) and f"%{WIDTH[target]}" in ops
+
+
+def check(target, args, kernel_tu, probes, workdir, objdump, cxx=None):
     obj = os.path.join(workdir, f"probes-{target}.o")
-    cmd = flags_for(args, kernel_tu, target) + ["-c", probes, "-o", obj]
+    march = "armv8-a" if target == "aarch64" else target
+    cmd = flags_for(args, kernel_tu, march, cxx) + ["-c", probes, "-o", obj]
     subprocess.run(cmd, check=True)
     dis = subprocess.run([objdump, "-d", "-C", "--no-show-raw-insn", obj], check=True, capture_output=True,
                          text=True).stdout
@@ -121,7 +147,7 @@ def check(target, args, kernel_tu, probes, workdir, objdump):
         if "vpce" not in name:
             continue
         checked += 1
-        packed += sum(1 for _, m, o in insns if PACKED_FP.match(m) and f"%{WIDTH[target]}" in o)
+        packed += sum(1 for _, m, o in insns if is_packed(target, m, o))
         for start, end, insn in scalar_loops(insns):
             errors.append(f"  {name}: loop {start:#x}-{end:#x} is scalar ({insn})")
     if not control_ok:
@@ -129,11 +155,9 @@ def check(target, args, kernel_tu, probes, workdir, objdump):
     if packed == 0:
         errors.append(f"  no packed floating-point arithmetic in {WIDTH[target]} registers")
     status = "FAILED" if errors else "ok"
-    print(f"[vectorized] {target}: {status}: {checked} functions, {packed} packed FP instructions in "
-          f"{WIDTH[target]} registers")
-    for e in errors:
-        print(e)
-    return not errors
+    lines = [f"[vectorized] {target}: {status}: {checked} functions, {packed} packed FP instructions in "
+             f"{WIDTH[target]} registers"] + errors
+    return not errors, lines
 
 
 def main():
@@ -144,13 +168,20 @@ def main():
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--targets", default="x86-64-v2,x86-64-v3,x86-64-v4")
     ap.add_argument("--objdump", default="objdump")
+    ap.add_argument("--aarch64-cxx", help="an aarch64 cross compiler: adds the aarch64 target")
+    ap.add_argument("--aarch64-objdump", default="aarch64-linux-gnu-objdump")
     a = ap.parse_args()
     os.makedirs(a.workdir, exist_ok=True)
     args, _ = compile_command(a.compile_commands, a.kernel_tu)
-    ok = True
-    for target in a.targets.split(","):
-        ok &= check(target, args, a.kernel_tu, a.probes, a.workdir, a.objdump)
-    return 0 if ok else 1
+    jobs = [(t, a.objdump, None) for t in a.targets.split(",")]
+    if a.aarch64_cxx:
+        jobs.append(("aarch64", a.aarch64_objdump, a.aarch64_cxx))
+    # The compilations are independent: two at a time (the CI machines have 2 cores).
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda j: check(j[0], args, a.kernel_tu, a.probes, a.workdir, j[1], j[2]), jobs))
+    for _, lines in results:
+        print("\n".join(lines))
+    return 0 if all(ok for ok, _ in results) else 1
 
 
 if __name__ == "__main__":
