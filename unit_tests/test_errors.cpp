@@ -1,4 +1,4 @@
-// Bad input gets a vpce::Error on EVERY rank, with the same message everywhere (DESIGN.md section 7), never a
+// Bad input gets a vpce::Error on EVERY rank, with the same message everywhere (docs/design.md, section 6), never a
 // hang; after each error a normal call shows that the ranks are still in step. The checks' outcome travels
 // inside the call's first collective: the MPI calls of every call are counted here (PMPI wrappers below) and
 // must be exactly the collectives of the strategy; after an input error no output has been touched.

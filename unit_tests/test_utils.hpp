@@ -180,8 +180,8 @@ Problem make_problem(std::int64_t n, std::int64_t v, std::uint64_t seed) {
   return p;
 }
 
-/// float64 host reference over the GLOBAL row, with the maths of vpce::Options (options.hpp, DESIGN.md
-/// section 1), written independently of the library:
+/// float64 host reference over the GLOBAL row, with the maths of vpce::Options (options.hpp,
+/// docs/design.md section 1), written independently of the library:
 ///   x_j = c tanh(s z_j / c) (softcap c > 0) or s z_j;  lse = log sum_j exp(x_j);
 ///   loss = lse - (1 - alpha) x_t - alpha mean_j x_j + zeta lse^2  (0 where the target is ignore_index);
 ///   d loss / d z_j = (softmax_j (1 + 2 zeta lse) - (1 - alpha) [j == t] - alpha / V) dx_j/dz_j.

@@ -19,7 +19,7 @@ enum class Mode {
   recompute       ///< only lse per row; backward() recomputes the softmax from the caller's logits
 };
 
-/// How the per-token losses are reduced (DESIGN.md section 1).
+/// How the per-token losses are reduced (docs/design.md, section 1).
 enum class Reduction {
   none,  ///< per-token losses; backward takes one incoming gradient per row (or one scalar for all)
   sum,   ///< the sum over non-ignored tokens; backward's scalar is the gradient of that sum

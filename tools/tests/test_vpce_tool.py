@@ -7,7 +7,7 @@ Suites:
   options   the training options (--ignore-index, --reduction, --label-smoothing, --z-loss, --logit-scale,
             --softcap), alone and combined, for every strategy and mode (all of them at 2 ranks), --lse,
             --grad-dtype, bfloat16/float16 logits, all-ignored batches, against a numpy float64 reference of
-            DESIGN.md section 1 (reference_options); uneven partitions at 2 and 3 ranks
+            docs/design.md, section 1 (reference_options); uneven partitions at 2 and 3 ranks
   errors    bad arguments, bad files (not HDF5, cut short, a FIFO, wrong datasets, shapes, types, absurd sizes),
             unwritable outputs, a full disk (a file-size limit; a small tmpfs where mount is allowed): the same
             non-zero exit on every rank within ERROR_TIME, one `vpce:` line naming the problem, no output file
@@ -335,7 +335,7 @@ class Opts:
 
 
 def reference_options(z, t, o):
-    """DESIGN.md section 1 in float64: per-row loss (0 for ignored rows), gradient of the reduced loss (of the
+    """docs/design.md, section 1 in float64: per-row loss (0 for ignored rows), gradient of the reduced loss (of the
     sum of the per-token losses for 'none'), lse per row, reduced loss, number of rows not ignored, g."""
     z = np.asarray(z, dtype=np.float64)
     n, v = z.shape

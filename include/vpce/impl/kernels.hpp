@@ -283,7 +283,7 @@ KOKKOS_FORCEINLINE_FUNCTION float to_compute(float16 v) { return float(v); }
 KOKKOS_FORCEINLINE_FUNCTION float to_compute(float v) { return v; }
 KOKKOS_FORCEINLINE_FUNCTION double to_compute(double v) { return v; }
 
-/// The options as the kernels use them (DESIGN.md section 1).
+/// The options as the kernels use them (docs/design.md, section 1).
 template <class T>
 struct Params {
   T scale = 1;  ///< logit_scale

@@ -29,7 +29,7 @@ KOKKOS_INLINE_FUNCTION T neg_inf() {
   }
 }
 
-/// The associative, commutative merge of two partials (DESIGN.md section 1). A partial whose m is -inf
+/// The associative, commutative merge of two partials (docs/design.md, section 1). A partial whose m is -inf
 /// contributes 0 without evaluating exp(-inf - -inf). Symmetric in its arguments bit for bit.
 template <class T>
 KOKKOS_INLINE_FUNCTION RowStats<T> merge(const RowStats<T>& a, const RowStats<T>& b) {
