@@ -371,8 +371,9 @@ void CrossEntropy<Scalar, ExecSpace>::compute(const logits_view& logits, const t
   const bool fused_store = !Capped && !teams && m_opt.strategy == Strategy::fused && out != Out::loss;
   auto exps = [&](std::int64_t block, std::int64_t r0) {
     Exps x;
-    if (!fused_store) return x;
-    x.e = &m_exp_scratch(block % 2 * impl::scratch_slots(n_rows, m_head_rows, m_block_rows).slot1, 0);
+    if (!fused_store || m_exp_scratch.span() == 0) return x;  // no rows or no columns: nothing to keep
+    const std::int64_t slot_row = block % 2 * impl::scratch_slots(n_rows, m_head_rows, m_block_rows).slot1;
+    x.e = m_exp_scratch.data() + slot_row * std::int64_t(m_exp_scratch.stride(0));
     x.ld = m_exp_scratch.stride(0);
     x.row0 = r0;
     return x;
