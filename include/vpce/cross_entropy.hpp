@@ -174,10 +174,9 @@ class CrossEntropy {
   Kokkos::View<T*, memory_space> m_seed_head;  // the seed strategy's first MAX: head rows + the call status
   decltype(Kokkos::create_mirror_view(std::declval<staging>(),
                                       std::declval<Kokkos::View<T*, memory_space>>())) m_seed_head_host;
-  // The fused strategy's exp(x - m) for the gradient: on the host two blocks' worth (they stay in cache and
-  // the caller's gradient is written once, with streaming stores); on a device the first block's, kept until
-  // the ranks have agreed that the inputs are valid (the caller's gradient, maybe the logits' buffer, is
-  // written only after that).
+  // The fused strategy's exp(x - m) for the gradient or the stash, on the host: two blocks' worth, which stay
+  // in cache, so the caller's rows are written once, with streaming stores, and only after the ranks have
+  // agreed that the inputs are valid. Empty on a device (its statistics store no exps).
   Kokkos::View<T**, Kokkos::LayoutRight, memory_space> m_exp_scratch;
   Kokkos::View<T**, Kokkos::LayoutRight, memory_space> m_stash;
   Kokkos::View<T*, memory_space> m_stash_target;
