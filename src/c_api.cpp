@@ -190,7 +190,7 @@ vpce_status vpce_create(MPI_Comm comm, int64_t local_vocab, vpce_dtype dtype, co
       opt = to_options(options);
       VPCE_THROW_IF(dtype < VPCE_FLOAT32 || dtype > VPCE_FLOAT16, "unknown dtype " + std::to_string(int(dtype)));
     } catch (const vpce::Error& e) {
-      err = e.what();
+      err = e.message();
     }
     c.agree_or_throw(err, {{"the dtype", std::int64_t(dtype)}});
     const bool g16 = options && options->grad_in_logits_type;

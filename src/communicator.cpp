@@ -25,7 +25,8 @@ Communicator::State::~State() {
   if (!finalized) MPI_Comm_free(&comm);
 }
 
-void Communicator::agree_or_throw(const std::string& local_error, std::initializer_list<MustMatch> must_match) const {
+Communicator::Agreement Communicator::agree(const std::string& local_error, std::initializer_list<MustMatch> must_match,
+                                            const Wait& wait) const {
   // One MAX all-reduce carries: -(lowest rank with an error), whether some rank found none, and (v, -v)
   // for each value to match.
   std::vector<std::int64_t> in{-static_cast<std::int64_t>(local_error.empty() ? size() : rank()),
@@ -35,26 +36,48 @@ void Communicator::agree_or_throw(const std::string& local_error, std::initializ
     in.push_back(-m.value);
   }
   std::vector<std::int64_t> out(in.size());
-  VPCE_MPI_CHECK(MPI_Allreduce(in.data(), out.data(), static_cast<int>(in.size()), MPI_INT64_T, MPI_MAX, comm()));
+  MPI_Request request = MPI_REQUEST_NULL;
+  const std::int64_t* const in_data = in.data();  // typed as int64_t for clang-tidy's mpi-type-mismatch
+  std::int64_t* const out_data = out.data();
+  VPCE_MPI_CHECK(
+      MPI_Iallreduce(in_data, out_data, static_cast<int>(in.size()), MPI_INT64_T, MPI_MAX, comm(), &request));
+  if (wait)
+    wait(&request);
+  else
+    VPCE_MPI_CHECK(MPI_Wait(&request, MPI_STATUS_IGNORE));
+  Agreement a;
   const int first = static_cast<int>(-out[0]);
   if (first < size()) {
     int len = static_cast<int>(local_error.size());
     VPCE_MPI_CHECK(MPI_Bcast(&len, 1, MPI_INT, first, comm()));
-    std::string text(local_error);
-    text.resize(len);
-    VPCE_MPI_CHECK(MPI_Bcast(text.data(), len, MPI_CHAR, first, comm()));
-    const bool everywhere = out[1] == 0;
-    throw Error(everywhere ? text : text + " (found on rank " + std::to_string(first) + ")");
+    a.message = local_error;
+    a.message.resize(len);
+    VPCE_MPI_CHECK(MPI_Bcast(a.message.data(), len, MPI_CHAR, first, comm()));
+    a.rank = first;
+    a.everywhere = out[1] == 0;
+    return a;
   }
   std::size_t k = 2;
   for (const auto& m : must_match) {
     const std::int64_t hi = out[k], lo = -out[k + 1];
     k += 2;
     if (hi != lo) {
-      throw Error(std::string("vpce: ") + m.what + " differs between ranks (from " + std::to_string(lo) + " to " +
-                  std::to_string(hi) + ")");
+      a.message = std::string(m.what) + " differs between ranks (from " + std::to_string(lo) + " to " +
+                  std::to_string(hi) + ")";
+      a.everywhere = true;
+      return a;
     }
   }
+  return a;
+}
+
+std::string Communicator::Agreement::text() const {
+  return everywhere || rank < 0 ? message : message + " (found on rank " + std::to_string(rank) + ")";
+}
+
+void Communicator::agree_or_throw(const std::string& local_error, std::initializer_list<MustMatch> must_match) const {
+  const Agreement a = agree(local_error, must_match);
+  if (a.failed()) throw Error(a.text());
 }
 
 }  // namespace vpce

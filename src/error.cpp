@@ -4,18 +4,24 @@
 
 #include <string>
 
-namespace vpce::impl {
+namespace vpce {
 
-void throw_error(const std::string& msg, const char* file, int line) {
-  throw Error("vpce: " + msg + " [" + file + ":" + std::to_string(line) + "]");
-}
+Error::Error(const std::string& message, const std::string& where)
+    : std::runtime_error("vpce: " + message + (where.empty() ? std::string() : " [" + where + "]")),
+      m_message(message),
+      m_where(where) {}
+
+namespace impl {
+
+std::string source_location(const char* file, int line) { return std::string(file) + ":" + std::to_string(line); }
 
 void check_mpi(int rc, const char* call, const char* file, int line) {
   if (rc == MPI_SUCCESS) return;
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, text, &len);
-  throw_error(std::string("MPI call failed: ") + call + ": " + std::string(text, len), file, line);
+  throw Error(std::string("MPI call failed: ") + call + ": " + std::string(text, len), source_location(file, line));
 }
 
-}  // namespace vpce::impl
+}  // namespace impl
+}  // namespace vpce

@@ -23,7 +23,7 @@ std::vector<std::int64_t> prefix(const std::vector<std::int64_t>& sizes) {
 VocabPartition VocabPartition::even(std::int64_t vocab_size, const Communicator& comm) {
   // Arguments are checked collectively so that a rank with a bad value cannot leave the others waiting.
   std::string err;
-  if (vocab_size < 1) err = "vpce: the vocabulary size must be at least 1, got " + std::to_string(vocab_size);
+  if (vocab_size < 1) err = "the vocabulary size must be at least 1, got " + std::to_string(vocab_size);
   comm.agree_or_throw(err, {{"the vocabulary size", vocab_size}});
   const int w = comm.size();
   std::vector<std::int64_t> sizes(w, vocab_size / w);
@@ -33,10 +33,11 @@ VocabPartition VocabPartition::even(std::int64_t vocab_size, const Communicator&
 
 VocabPartition VocabPartition::from_local_size(std::int64_t local_size, const Communicator& comm) {
   std::string err;
-  if (local_size < 0) err = "vpce: the local vocabulary size must be >= 0, got " + std::to_string(local_size);
+  if (local_size < 0) err = "the local vocabulary size must be >= 0, got " + std::to_string(local_size);
   comm.agree_or_throw(err);
   std::vector<std::int64_t> sizes(comm.size());
-  VPCE_MPI_CHECK(MPI_Allgather(&local_size, 1, MPI_INT64_T, sizes.data(), 1, MPI_INT64_T, comm.comm()));
+  std::int64_t* const all = sizes.data();  // typed as int64_t for clang-tidy's mpi-type-mismatch
+  VPCE_MPI_CHECK(MPI_Allgather(&local_size, 1, MPI_INT64_T, all, 1, MPI_INT64_T, comm.comm()));
   auto offsets = prefix(sizes);
   VPCE_THROW_IF(offsets.back() < 1, "VocabPartition::from_local_size: the vocabulary is empty on every rank");
   return VocabPartition(std::move(offsets), comm.rank());
@@ -46,11 +47,11 @@ VocabPartition VocabPartition::from_sizes(const std::vector<std::int64_t>& sizes
                                           std::int64_t vocab_size) {
   std::string err;
   if (static_cast<int>(sizes.size()) != comm.size()) {
-    err = "vpce: the partition has " + std::to_string(sizes.size()) + " sizes for " + std::to_string(comm.size()) +
+    err = "the partition has " + std::to_string(sizes.size()) + " sizes for " + std::to_string(comm.size()) +
           " ranks";
   } else {
     for (auto s : sizes)
-      if (s < 0) err = "vpce: partition sizes must be >= 0, got " + std::to_string(s);
+      if (s < 0) err = "partition sizes must be >= 0, got " + std::to_string(s);
   }
   // Same sizes everywhere: compare a position-weighted checksum.
   std::uint64_t check = 0;

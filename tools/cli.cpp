@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -20,14 +19,11 @@
 
 namespace vpce::tool {
 
-std::string clean_message(std::string msg) {
-  // Library messages carry their source location ("[.../file.cpp:12]"): useful in a debugger, noise here.
-  static const std::regex location(R"( \[[^\[\]]*:[0-9]+\])");
-  msg = std::regex_replace(msg, location, "");
-  for (auto& c : msg)
+std::string printed_message(const std::string& message) {
+  std::string line = "vpce: " + message;
+  for (auto& c : line)
     if (c == '\n' || c == '\r') c = ' ';
-  if (msg.rfind("vpce:", 0) != 0) msg = "vpce: " + msg;
-  return msg;
+  return line;
 }
 
 void set_mpi_io_defaults() {
@@ -79,7 +75,7 @@ Args::Args(std::string command, const std::vector<Spec>& specs, const std::vecto
 }
 
 void Args::usage_error(const std::string& what) const {
-  throw UsageError("vpce: " + m_command + ": " + what + " (see 'vpce " + m_command + " --help')");
+  throw UsageError(m_command + ": " + what + " (see 'vpce " + m_command + " --help')");
 }
 
 std::string Args::get(const std::string& name, const std::string& fallback) const {
@@ -142,21 +138,21 @@ void check_writable(const Communicator& comm, const std::string& path, const std
     const std::string dir = folder_of(path);
     struct stat st {};
     if (path.empty() || path.back() == '/') {
-      err = "vpce: " + what + " '" + path + "' is not a file name";
+      err = what + " '" + path + "' is not a file name";
     } else if (::stat(dir.c_str(), &st) != 0 || (S_ISDIR(st.st_mode) && ::access(dir.c_str(), W_OK | X_OK) != 0)) {
-      err = "vpce: " + path + ": cannot write the " + what + ": folder " + dir + ": " + std::strerror(errno);
+      err = path + ": cannot write the " + what + ": folder " + dir + ": " + std::strerror(errno);
     } else if (!S_ISDIR(st.st_mode)) {
-      err = "vpce: " + path + ": cannot write the " + what + ": " + dir + " is not a folder";
+      err = path + ": cannot write the " + what + ": " + dir + " is not a folder";
     } else if (const int rc = ::stat(path.c_str(), &st); rc == 0 && S_ISDIR(st.st_mode)) {
-      err = "vpce: " + path + ": cannot write the " + what + ": it is a folder";
+      err = path + ": cannot write the " + what + ": it is a folder";
     } else if (rc != 0 && errno != ENOENT) {
-      err = "vpce: " + path + ": cannot write the " + what + ": " + std::strerror(errno);
+      err = path + ": cannot write the " + what + ": " + std::strerror(errno);
     } else {
       // The file is written as NAME.tmp.<pid> first: that name must fit too.
       const std::string base = path.substr(path.find_last_of('/') + 1);
       const long name_max = ::pathconf(dir.c_str(), _PC_NAME_MAX);
       if (name_max > 0 && base.size() + 16 > static_cast<std::size_t>(name_max))
-        err = "vpce: " + path + ": cannot write the " + what + ": its name is too long (" +
+        err = path + ": cannot write the " + what + ": its name is too long (" +
               std::to_string(base.size()) + " characters; at most " + std::to_string(name_max - 16) +
               " here, as it is first written under the name plus .tmp.<process id>)";
     }
@@ -170,14 +166,14 @@ void write_text_file(const Communicator& comm, const std::string& path, const st
     const std::string tmp = path + ".tmp." + std::to_string(::getpid());
     std::FILE* f = std::fopen(tmp.c_str(), "w");
     if (!f) {
-      err = "vpce: " + path + ": cannot create " + tmp + ": " + std::strerror(errno);
+      err = path + ": cannot create " + tmp + ": " + std::strerror(errno);
     } else {
       const bool wrote = std::fwrite(text.data(), 1, text.size(), f) == text.size();
       const bool closed = std::fclose(f) == 0;
       if (!wrote || !closed)
-        err = "vpce: " + path + ": writing " + tmp + " failed: " + std::strerror(errno);
+        err = path + ": writing " + tmp + " failed: " + std::strerror(errno);
       else if (std::rename(tmp.c_str(), path.c_str()) != 0)
-        err = "vpce: " + path + ": cannot rename " + tmp + " to it: " + std::strerror(errno);
+        err = path + ": cannot rename " + tmp + " to it: " + std::strerror(errno);
       if (!err.empty()) std::remove(tmp.c_str());
     }
   }

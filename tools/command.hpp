@@ -19,9 +19,6 @@ namespace vpce::tool {
 /// Shortest text that reads back as the same double ("0.1", "1e-05").
 std::string number_text(double x);
 
-/// A library message without its "vpce: " prefix (to be put after the input file's name).
-inline std::string strip_prefix(const std::string& msg) { return msg.rfind("vpce: ", 0) == 0 ? msg.substr(6) : msg; }
-
 /// The name of an element type in messages and attributes.
 template <class S>
 const char* dtype_name() {

@@ -382,7 +382,7 @@ int run_demo(const Communicator& comm, const Args& args) {
                 rows.size());
   s << line;
   print0(comm, s.str());
-  if (!ok) throw Error("vpce: demo: the strategies disagree beyond the tolerance (see the table above)");
+  if (!ok) throw Error("demo: the strategies disagree beyond the tolerance (see the table above)");
 
   // Free the demo's buffers before the benchmark allocates its own.
   logits = grad = grad_first = Mat();
@@ -462,7 +462,7 @@ int cmd_bench(const Communicator& comm, const std::vector<std::string>& argv) {
   if (!json.empty()) write_text_file(comm, json, bench::to_json(recs));
   return 0;
 #else
-  throw Error("vpce: bench: this vpce was built without the benchmark harness (perf_tests/, target vpce_bench)");
+  throw Error("bench: this vpce was built without the benchmark harness (perf_tests/, target vpce_bench)");
 #endif
 }
 

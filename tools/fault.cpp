@@ -41,7 +41,7 @@ Fault parse_fault(std::string* error) {
   if (!env || !*env) return f;
   const std::string s(env);
   const auto bad = [&] {
-    *error = "vpce: VPCE_TOOL_FAULT=" + s + ": expected kill:<rank>:<phase>, phase one of read | collective | " +
+    *error = "VPCE_TOOL_FAULT=" + s + ": expected kill:<rank>:<phase>, phase one of read | collective | " +
              "write | rename";
     return Fault{};
   };
@@ -101,7 +101,7 @@ void wait_or_abort(MPI_Request* request, const std::string& message, int code) {
       int rank = -1;
       MPI_Comm_rank(MPI_COMM_WORLD, &rank);
       std::fprintf(stderr, "%s (rank %d; the other ranks did not stop within %g s: ending the job)\n",
-                   clean_message(message).c_str(), rank, timeout);
+                   printed_message(message).c_str(), rank, timeout);
       std::fflush(stderr);
       if (g_remove_armed) ::unlink(g_remove_path);  // the temporary output, if one is being written
       MPI_Abort(MPI_COMM_WORLD, code);
@@ -126,7 +126,7 @@ CleanupWatchdog::CleanupWatchdog(std::string message, std::string path, double s
     int rank = -1;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);  // a local query (the thread makes no communication)
     std::fprintf(stderr, "%s (rank %d: cleaning up after the error did not finish within %g s: ending the job)\n",
-                 clean_message(message).c_str(), rank, seconds);
+                 printed_message(message).c_str(), rank, seconds);
     std::fflush(stderr);
     if (!path.empty()) ::unlink(path.c_str());
     std::_Exit(1);

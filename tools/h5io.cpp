@@ -18,28 +18,15 @@
 namespace vpce::tool {
 
 void agree(const Communicator& comm, const std::string& local_error, bool tag_rank) {
-  const int size = comm.size();
-  int mine = local_error.empty() ? 0 : 1;
-  std::vector<int> flags(size, 0);
-  // Non-blocking, so that a rank with an error waits a bounded time for the others: they may be stuck in a
-  // collective it left (an MPI-IO transfer that failed on this rank only), and then it ends the job.
-  MPI_Request request;
-  VPCE_MPI_CHECK(MPI_Iallgather(&mine, 1, MPI_INT, flags.data(), 1, MPI_INT, comm.comm(), &request));
-  if (mine)
-    wait_or_abort(&request, local_error, 1);
-  else
-    VPCE_MPI_CHECK(MPI_Wait(&request, MPI_STATUS_IGNORE));
-  const auto first = std::find(flags.begin(), flags.end(), 1);
-  if (first == flags.end()) return;
-  const int root = static_cast<int>(first - flags.begin());
-  const bool everywhere = std::count(flags.begin(), flags.end(), 1) == size;
-  int len = static_cast<int>(local_error.size());
-  VPCE_MPI_CHECK(MPI_Bcast(&len, 1, MPI_INT, root, comm.comm()));
-  std::string text(local_error);
-  text.resize(len);
-  VPCE_MPI_CHECK(MPI_Bcast(text.data(), len, MPI_CHAR, root, comm.comm()));
-  if (tag_rank && !everywhere && size > 1) text += " (on rank " + std::to_string(root) + ")";
-  throw Error(text);
+  // A rank with an error waits a bounded time for the others: they may be stuck in a collective it left (an
+  // MPI-IO transfer that failed on this rank only), and then it ends the job.
+  const auto a = comm.agree(local_error, {}, [&](MPI_Request* request) {
+    if (!local_error.empty())
+      wait_or_abort(request, local_error, 1);
+    else
+      VPCE_MPI_CHECK(MPI_Wait(request, MPI_STATUS_IGNORE));
+  });
+  if (a.failed()) throw Error(tag_rank ? a.text() : a.message);
 }
 
 namespace {
@@ -127,19 +114,19 @@ bool H5Handle::reset() noexcept {
   return ok;
 }
 
-void H5File::fail(const std::string& what) const { throw Error("vpce: " + m_display + ": " + what); }
+void H5File::fail(const std::string& what) const { throw Error(m_display + ": " + what); }
 
 H5File H5File::open_read(const std::string& path, const Communicator& comm) {
   H5File f(comm, path);
   std::string err;
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
-    err = "vpce: " + path + ": " + (errno == ENOENT ? std::string("no such file") : std::strerror(errno));
+    err = path + ": " + (errno == ENOENT ? std::string("no such file") : std::strerror(errno));
   } else if (S_ISDIR(st.st_mode)) {
-    err = "vpce: " + path + ": is a directory, not an HDF5 file";
+    err = path + ": is a directory, not an HDF5 file";
   } else if (!S_ISREG(st.st_mode)) {
     // Opening a FIFO would wait for a writer forever; devices and sockets are no HDF5 files either.
-    err = "vpce: " + path + ": is " +
+    err = path + ": is " +
           (S_ISFIFO(st.st_mode)   ? "a FIFO"
            : S_ISCHR(st.st_mode)  ? "a character device"
            : S_ISBLK(st.st_mode)  ? "a block device"
@@ -147,21 +134,21 @@ H5File H5File::open_read(const std::string& path, const Communicator& comm) {
                                   : "not a regular file") +
           ", not an HDF5 file";
   } else if (::access(path.c_str(), R_OK) != 0) {
-    err = "vpce: " + path + ": cannot be read: " + std::strerror(errno);
+    err = path + ": cannot be read: " + std::strerror(errno);
   }
   agree(comm, err);
 
   H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
   if (!fapl.valid() || H5Pset_fapl_mpio(fapl.get(), comm.comm(), MPI_INFO_NULL) < 0)
-    err = with_detail("vpce: " + path + ": cannot set up MPI-IO file access");
+    err = with_detail(path + ": cannot set up MPI-IO file access");
   if (err.empty()) {
     f.m_file = H5Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose);
-    if (!f.m_file.valid()) err = with_detail("vpce: " + path + ": not an HDF5 file, or it cannot be opened");
+    if (!f.m_file.valid()) err = with_detail(path + ": not an HDF5 file, or it cannot be opened");
   }
   if (err.empty()) {
     f.m_dxpl = H5Handle(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
     if (!f.m_dxpl.valid() || H5Pset_dxpl_mpio(f.m_dxpl.get(), H5FD_MPIO_COLLECTIVE) < 0)
-      err = with_detail("vpce: " + path + ": cannot set up collective transfers");
+      err = with_detail(path + ": cannot set up collective transfers");
   }
   agree(comm, err);
   return f;
@@ -176,16 +163,16 @@ H5File H5File::create(const std::string& path, const Communicator& comm, const s
   // reserve_space covers it.
   if (!fapl.valid() || H5Pset_fapl_mpio(fapl.get(), comm.comm(), MPI_INFO_NULL) < 0 ||
       H5Pset_meta_block_size(fapl.get(), hsize_t(64) * 1024) < 0)
-    err = with_detail("vpce: " + f.m_display + ": cannot set up MPI-IO file access");
+    err = with_detail(f.m_display + ": cannot set up MPI-IO file access");
   if (err.empty()) {
     f.m_file = H5Handle(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
     if (!f.m_file.valid())
-      err = with_detail("vpce: " + f.m_display + ": cannot create " + (display.empty() ? "the file" : path));
+      err = with_detail(f.m_display + ": cannot create " + (display.empty() ? "the file" : path));
   }
   if (err.empty()) {
     f.m_dxpl = H5Handle(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
     if (!f.m_dxpl.valid() || H5Pset_dxpl_mpio(f.m_dxpl.get(), H5FD_MPIO_COLLECTIVE) < 0)
-      err = with_detail("vpce: " + f.m_display + ": cannot set up collective transfers");
+      err = with_detail(f.m_display + ": cannot set up collective transfers");
   }
   agree(comm, err);
   return f;
@@ -299,7 +286,7 @@ void H5File::transfer_block(bool write, const std::string& name, const Block& b,
   const char* verb = write ? "write" : "read";
   std::string err;
   H5Handle dset(H5Dopen2(m_file.get(), name.c_str(), H5P_DEFAULT), H5Dclose);
-  if (!dset.valid()) err = with_detail("vpce: " + m_display + ": cannot open dataset " + name);
+  if (!dset.valid()) err = with_detail(m_display + ": cannot open dataset " + name);
   agree(m_comm, err);
   // The same number of collective transfers on every rank, set by the largest share (max_row_count rows of
   // max_col_count columns), each at most io_block_bytes() on that rank; a rank whose rows are done (or that has
@@ -332,7 +319,7 @@ void H5File::transfer_block(bool write, const std::string& name, const Block& b,
                  : H5Dread(dset.get(), native_type<T>(), mspace.get(), fspace.get(), m_dxpl.get(), ptr);
     }
     if (rc < 0)
-      err = with_detail("vpce: " + m_display + ": cannot " + verb + " rows " + std::to_string(b.row_begin + k0) +
+      err = with_detail(m_display + ": cannot " + verb + " rows " + std::to_string(b.row_begin + k0) +
                         ".." + std::to_string(b.row_begin + k0 + rows) + " of dataset " + name);
     agree(m_comm, err);
   }
@@ -366,11 +353,11 @@ template <class T>
 void H5File::read_all(const std::string& name, std::int64_t n, T* buf) const {
   std::string err;
   H5Handle dset(H5Dopen2(m_file.get(), name.c_str(), H5P_DEFAULT), H5Dclose);
-  if (!dset.valid()) err = with_detail("vpce: " + m_display + ": cannot open dataset " + name);
+  if (!dset.valid()) err = with_detail(m_display + ": cannot open dataset " + name);
   agree(m_comm, err);
   if (n == 0) return;
   if (H5Dread(dset.get(), native_type<T>(), H5S_ALL, H5S_ALL, m_dxpl.get(), buf) < 0)
-    err = with_detail("vpce: " + m_display + ": cannot read dataset " + name);
+    err = with_detail(m_display + ": cannot read dataset " + name);
   agree(m_comm, err);
 }
 
@@ -386,12 +373,12 @@ void H5File::create_dataset(const std::string& name, const std::vector<std::int6
   H5Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
   if (!space.valid() || !dcpl.valid() || H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER) < 0 ||
       H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY) < 0) {
-    err = with_detail("vpce: " + m_display + ": cannot describe dataset " + name);
+    err = with_detail(m_display + ": cannot describe dataset " + name);
   }
   if (err.empty()) {
     H5Handle dset(H5Dcreate2(m_file.get(), name.c_str(), file_type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
                   H5Dclose);
-    if (!dset.valid()) err = with_detail("vpce: " + m_display + ": cannot create dataset " + name);
+    if (!dset.valid()) err = with_detail(m_display + ": cannot create dataset " + name);
   }
   agree(m_comm, err);
 }
@@ -400,7 +387,7 @@ template <class T>
 void H5File::write_all(const std::string& name, std::int64_t n, const T* buf, int writer_rank) {
   std::string err;
   H5Handle dset(H5Dopen2(m_file.get(), name.c_str(), H5P_DEFAULT), H5Dclose);
-  if (!dset.valid()) err = with_detail("vpce: " + m_display + ": cannot open dataset " + name);
+  if (!dset.valid()) err = with_detail(m_display + ": cannot open dataset " + name);
   agree(m_comm, err);
   if (n == 0) return;
   const bool mine = m_comm.rank() == writer_rank;
@@ -412,7 +399,7 @@ void H5File::write_all(const std::string& name, std::int64_t n, const T* buf, in
   T dummy{};
   if (rc >= 0)
     rc = H5Dwrite(dset.get(), native_type<T>(), mspace.get(), fspace.get(), m_dxpl.get(), mine ? buf : &dummy);
-  if (rc < 0) err = with_detail("vpce: " + m_display + ": cannot write dataset " + name);
+  if (rc < 0) err = with_detail(m_display + ": cannot write dataset " + name);
   agree(m_comm, err);
 }
 
@@ -430,7 +417,7 @@ void H5File::write_attribute(const std::string& name, const std::string& value, 
     rc = attr.valid() ? H5Awrite(attr.get(), type.get(), value.empty() ? "" : value.data()) : -1;
   }
   if (rc < 0)
-    err = with_detail("vpce: " + m_display + ": cannot write attribute " + name +
+    err = with_detail(m_display + ": cannot write attribute " + name +
                       (object == "/" ? std::string() : " of " + object));
   agree(m_comm, err);
 }
@@ -442,11 +429,11 @@ void H5File::reserve_space(std::int64_t bytes) {
   if (m_comm.rank() == 0) {
     const int fd = ::open(m_path.c_str(), O_WRONLY | O_CLOEXEC);
     if (fd < 0) {
-      err = "vpce: " + m_display + ": cannot open " + m_path + " to reserve its space: " + std::strerror(errno);
+      err = m_display + ": cannot open " + m_path + " to reserve its space: " + std::strerror(errno);
     } else {
       if (::fallocate(fd, 0, 0, static_cast<off_t>(bytes)) != 0 && errno != EOPNOTSUPP && errno != ENOSYS &&
           errno != EINVAL)
-        err = "vpce: " + m_display + ": cannot reserve its " + std::to_string(static_cast<long long>(bytes)) +
+        err = m_display + ": cannot reserve its " + std::to_string(static_cast<long long>(bytes)) +
               " bytes on disk: " + std::strerror(errno);
       ::close(fd);
     }
@@ -457,7 +444,7 @@ void H5File::reserve_space(std::int64_t bytes) {
 void H5File::close() {
   std::string err;
   m_dxpl.reset();
-  if (!m_file.reset()) err = with_detail("vpce: " + m_display + ": closing the file failed");
+  if (!m_file.reset()) err = with_detail(m_display + ": closing the file failed");
   agree(m_comm, err);
 }
 
@@ -485,15 +472,17 @@ void write_output(const Communicator& comm, const std::string& path, std::int64_
     agree(comm, std::string(), false);
     std::string err;
     if (comm.rank() == 0 && std::rename(tmp.c_str(), path.c_str()) != 0)
-      err = "vpce: " + path + ": cannot rename " + tmp + " to it: " + std::strerror(errno);
+      err = path + ": cannot rename " + tmp + " to it: " + std::strerror(errno);
     agree(comm, err, false);
   } catch (...) {
     // Every rank gets here together (errors are agreed). Closing the file is collective, and a transfer that
     // failed on some ranks only can leave HDF5 in states that differ between the ranks, so that the close never
     // ends: the watchdog bounds it (it removes the file and ends the job).
-    std::string what = "vpce: " + path + ": writing failed";
+    std::string what = path + ": writing failed";
     try {
       throw;
+    } catch (const Error& e) {
+      what = e.message();
     } catch (const std::exception& e) {
       what = e.what();
     } catch (...) {

@@ -3,7 +3,7 @@
 /// \brief Parallel HDF5 (MPI-IO, collective transfers) reading and writing for the `vpce` tool.
 ///
 /// Every function here is collective over the communicator unless it says otherwise, and decides its errors
-/// collectively: if any rank fails, every rank throws the same vpce::Error (message "vpce: FILE: ..."), so no
+/// collectively: if any rank fails, every rank throws the same vpce::Error (message "FILE: ..."), so no
 /// rank is left waiting in a collective that the others skipped.
 
 #include <hdf5.h>
@@ -14,11 +14,12 @@
 #include <vector>
 
 #include "vpce/communicator.hpp"
+#include "vpce/error.hpp"
 
 namespace vpce::tool {
 
 /// Collective agreement on an error found by some ranks only: if any rank's `local_error` is not empty, every
-/// rank throws vpce::Error with the message of the lowest such rank (tagged "(on rank r)" when not every rank
+/// rank throws vpce::Error with the message of the lowest such rank (tagged "(found on rank r)" when not every rank
 /// found an error and `tag_rank` is true; checks made by one rank for all pass false).
 void agree(const Communicator& comm, const std::string& local_error, bool tag_rank = true);
 
@@ -181,9 +182,11 @@ void collectively(const Communicator& comm, F&& f) {
   std::string err;
   try {
     f();
+  } catch (const Error& e) {
+    err = e.message();
   } catch (const std::exception& e) {
     err = e.what();
-    if (err.empty()) err = "vpce: unknown error";
+    if (err.empty()) err = "unknown error";
   }
   agree(comm, err);
 }

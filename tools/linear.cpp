@@ -50,7 +50,7 @@ void run_linear(const Communicator& comm, const LinearConfig& cfg, H5File& in, c
                            double(n) * 16;
       std::ostringstream msg;
       msg.precision(3);
-      msg << "vpce: " << cfg.input << ": not enough memory for this rank's " << n << " x " << h << " hidden states and "
+      msg << cfg.input << ": not enough memory for this rank's " << n << " x " << h << " hidden states and "
           << vl << " x " << h << " weight rows" << (cfg.grad ? " and their gradients" : "") << " ("
           << bytes / double(1 << 30) << " GiB)";
       throw Error(msg.str());
@@ -92,8 +92,10 @@ void run_linear(const Communicator& comm, const LinearConfig& cfg, H5File& in, c
       reduced_loss = lce.reduced_loss();
       n_valid = lce.num_valid();
       Kokkos::fence();
+    } catch (const Error& e) {
+      throw Error(cfg.input + ": " + e.message());
     } catch (const std::exception& e) {
-      throw Error("vpce: " + cfg.input + ": " + strip_prefix(clean_message(e.what())));
+      throw Error(cfg.input + ": " + e.what());
     }
   });
   hidden = Matrix();
@@ -180,7 +182,7 @@ int cmd_linear(const Communicator& comm, const std::vector<std::string>& argv) {
   return 0;
 #else
   // Every rank throws the same error: exit status 1 everywhere.
-  throw Error("vpce: linear: this build of vpce has no Kokkos Kernels (vpce::LinearCrossEntropy needs it): "
+  throw Error("linear: this build of vpce has no Kokkos Kernels (vpce::LinearCrossEntropy needs it): "
               "reconfigure with Kokkos Kernels installed (KokkosKernels_ROOT), or use 'vpce loss' on the logits");
 #endif
 }

@@ -69,7 +69,7 @@ LinearInput check_linear_input(const Communicator& comm, const H5File& in, const
   const std::string& file = in.display_name();
   std::string err;
   auto check = [&](bool bad, const std::string& what) {
-    if (err.empty() && bad) err = "vpce: " + file + ": " + what;
+    if (err.empty() && bad) err = file + ": " + what;
   };
   auto matrix = [&](const DatasetInfo& d, const std::string& name, const std::string& expected) {
     check(!d.exists, "no dataset " + name + " (expected " + expected + ")");
@@ -108,7 +108,7 @@ std::string linear_size_error(const std::string& file, std::int64_t n, std::int6
   const std::int64_t e = static_cast<std::int64_t>(elem_bytes);
   const std::int64_t chunk = chunk_rows > 0 ? std::min(chunk_rows, n) : 0;
   if (too_large({{n, h, 3 * e}, {max_rows, h, 2 * e}, {chunk, max_rows, e}, {n, 56, 1}, {64 << 20, 1, 1}}))
-    return "vpce: " + file + ": datasets /hidden (" + std::to_string(n) + " x " + std::to_string(h) + ") and /weight (" +
+    return file + ": datasets /hidden (" + std::to_string(n) + " x " + std::to_string(h) + ") and /weight (" +
            std::to_string(v) + " x " + std::to_string(h) + "): too large (" + std::to_string(max_rows) +
            " rows of /weight on one rank" + (chunk > 0 ? ", chunks of " + std::to_string(chunk) + " rows," : "") +
            " cannot be held in memory)";

@@ -109,23 +109,23 @@ LogitsType logits_type(const H5File& in, const DatasetInfo& li, std::string* err
   if (li.kind == DatasetInfo::Kind::floating && li.type_size == 4) return LogitsType::float32;
   if (li.kind == DatasetInfo::Kind::floating && li.type_size == 8) return LogitsType::float64;
   if (li.type_name != "uint16") {
-    *err = "vpce: " + file + ": dataset /logits has type " + li.type_name + "; " + expected;
+    *err = file + ": dataset /logits has type " + li.type_name + "; " + expected;
     return LogitsType::float32;
   }
   const AttributeInfo a = in.attribute("/logits", "dtype");
   if (!a.exists) {
-    *err = "vpce: " + file +
+    *err = file +
            ": dataset /logits is uint16 but has no attribute dtype; expected dtype = \"bfloat16\" "
            "or \"float16\" (16-bit logits), or float32 or float64 logits";
   } else if (!a.is_string) {
-    *err = "vpce: " + file + ": dataset /logits (uint16): attribute dtype is " + a.type_name +
+    *err = file + ": dataset /logits (uint16): attribute dtype is " + a.type_name +
            ", not a string; expected \"bfloat16\" or \"float16\"";
   } else if (a.value == "bfloat16") {
     return LogitsType::bfloat16;
   } else if (a.value == "float16") {
     return LogitsType::float16;
   } else {
-    *err = "vpce: " + file + ": dataset /logits (uint16): attribute dtype is \"" + a.value +
+    *err = file + ": dataset /logits (uint16): attribute dtype is \"" + a.value +
            "\"; expected \"bfloat16\" or \"float16\"";
   }
   return LogitsType::float32;
@@ -228,7 +228,7 @@ LossInput check_loss_input(const Communicator& comm, const H5File& in, const Los
   const std::string& file = in.display_name();
   std::string err;
   auto check = [&](bool bad, const std::string& what) {
-    if (err.empty() && bad) err = "vpce: " + file + ": " + what;
+    if (err.empty() && bad) err = file + ": " + what;
   };
   check(!li.exists, "no dataset /logits (expected N x V float32, float64 or 16-bit logits)");
   check(li.exists && li.type_name == "not a dataset", "/logits is not a dataset");
@@ -250,7 +250,7 @@ std::string targets_metadata_error(const std::string& file, const DatasetInfo& t
                                    const std::string& rows_of) {
   std::string err;
   auto check = [&](bool bad, const std::string& what) {
-    if (err.empty() && bad) err = "vpce: " + file + ": " + what;
+    if (err.empty() && bad) err = file + ": " + what;
   };
   check(!ti.exists, "no dataset /targets (expected N int64 target ids)");
   check(ti.exists && ti.type_name == "not a dataset", "/targets is not a dataset");
@@ -277,7 +277,7 @@ void check_partition_sum(const LossOptions& cfg, std::int64_t v, const std::stri
     sum += s;
   }
   if (over || sum != v)
-    throw UsageError("vpce: " + command + ": --partition " + cfg.partition_text + " adds up to " +
+    throw UsageError(command + ": --partition " + cfg.partition_text + " adds up to " +
                      (over ? std::string("more than ") + std::to_string(v) : std::to_string(sum)) + " " + unit +
                      " but dataset " + dataset + " in " + file + " has " + std::to_string(v) + " (see 'vpce " +
                      command + " --help')");
@@ -303,7 +303,7 @@ std::string size_error(const std::string& file, std::int64_t n, std::int64_t v, 
   // most) and a record of the collective (32 bytes at most). Kept below 2^62 bytes: no size_t or ptrdiff_t
   // computation on the way (Kokkos', HDF5's, MPI's) can overflow.
   if (v < 0 || too_large({{n, max_cols, std::int64_t(elem_bytes) + 8}, {n, 56, 1}}))
-    return "vpce: " + file + ": dataset /logits has shape " + std::to_string(n) + " x " + std::to_string(v) +
+    return file + ": dataset /logits has shape " + std::to_string(n) + " x " + std::to_string(v) +
            ": too large (" + std::to_string(max_cols) + " columns of it on one rank cannot be held in memory)";
   return {};
 }
@@ -313,7 +313,7 @@ std::string targets_error(const std::string& file, const std::int64_t* targets, 
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t t = targets[i];
     if ((t < 0 || t >= v) && t != ignore_index)
-      return "vpce: " + file + ": dataset /targets: entry " + std::to_string(i) + " is " + std::to_string(t) +
+      return file + ": dataset /targets: entry " + std::to_string(i) + " is " + std::to_string(t) +
              ", outside the vocabulary [0, " + std::to_string(v) + ") and not the --ignore-index (" +
              std::to_string(ignore_index) + ")";
   }

@@ -58,9 +58,9 @@ void write_text_file(const Communicator& comm, const std::string& path, const st
 /// Prints on rank 0 only.
 void print0(const Communicator& comm, const std::string& text);
 
-/// An error message as the tool prints it: one line (newlines become spaces), "vpce: " in front, without the
-/// library's source locations ("[.../file.cpp:12]").
-std::string clean_message(std::string msg);
+/// An error message (vpce::Error::message(), without the source location) as the tool prints it: "vpce: " in
+/// front, one line (newlines become spaces).
+std::string printed_message(const std::string& message);
 
 /// The folder of a path ("." for a bare name).
 std::string folder_of(const std::string& path);

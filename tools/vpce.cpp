@@ -159,7 +159,7 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, std::
                            double(n) * 8 * (cfg.lse ? 3 : 2);
       std::ostringstream msg;
       msg.precision(3);
-      msg << "vpce: " << cfg.input << ": not enough memory for this rank's " << n << " x " << vl << " logits"
+      msg << cfg.input << ": not enough memory for this rank's " << n << " x " << vl << " logits"
           << (cfg.grad ? " and their gradient" : "") << " (" << bytes / double(1 << 30) << " GiB)";
       throw Error(msg.str());
     }
@@ -209,8 +209,10 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, std::
       reduced_loss = ce.reduced_loss();
       n_valid = ce.num_valid();
       Kokkos::fence();
+    } catch (const Error& e) {
+      throw Error(cfg.input + ": " + e.message());
     } catch (const std::exception& e) {
-      throw Error("vpce: " + cfg.input + ": " + strip_prefix(clean_message(e.what())));
+      throw Error(cfg.input + ": " + e.what());
     }
   });
   if (!in_place) logits = Matrix();  // free before writing
@@ -334,7 +336,7 @@ int run(int argc, char** argv) {
   std::vector<std::string> args;
   for (int k = 1; k < argc; ++k)
     if (std::string(argv[k]).rfind("--kokkos-", 0) != 0) args.emplace_back(argv[k]);
-  if (args.empty()) throw UsageError("vpce: no command given (expected " + command_list() + "; see 'vpce --help')");
+  if (args.empty()) throw UsageError("no command given (expected " + command_list() + "; see 'vpce --help')");
   const std::string cmd = args[0];
   const std::vector<std::string> rest(args.begin() + 1, args.end());
   if (cmd == "-h" || cmd == "--help" || cmd == "help") {
@@ -347,38 +349,29 @@ int run(int argc, char** argv) {
   }
   for (const auto& c : commands)
     if (cmd == c.name) return c.run(comm, rest);
-  if (cmd.rfind('-', 0) == 0) throw UsageError("vpce: unknown option '" + cmd + "' (see 'vpce --help')");
-  throw UsageError("vpce: unknown command '" + cmd + "' (expected " + command_list() + "; see 'vpce --help')");
+  if (cmd.rfind('-', 0) == 0) throw UsageError("unknown option '" + cmd + "' (see 'vpce --help')");
+  throw UsageError("unknown command '" + cmd + "' (expected " + command_list() + "; see 'vpce --help')");
 }
 
-/// Agrees on the exit status over every rank and prints the first failing rank's message on rank 0. A rank
-/// that failed waits a bounded time for the others (they may be stuck in a collective it left) and then
-/// aborts the job, so a failure can never hang.
+/// Agrees on the exit status over every rank (Communicator::agree) and prints the first failing rank's message on
+/// rank 0. A rank that failed waits a bounded time for the others (they may be stuck in a collective it left)
+/// and then aborts the job, so a failure can never hang.
 int finish(MPI_Comm comm, int code, const std::string& message) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  int in[2] = {code, code != 0 ? -rank : -size};
-  int out[2] = {0, 0};
-  MPI_Request req;
-  MPI_Iallreduce(in, out, 2, MPI_INT, MPI_MAX, comm, &req);
-  if (code == 0) {
-    MPI_Wait(&req, MPI_STATUS_IGNORE);
-  } else {
-    wait_or_abort(&req, message, code);
-  }
-  if (out[0] == 0) return 0;
-  const int first = -out[1];
-  int len = static_cast<int>(message.size());
-  MPI_Bcast(&len, 1, MPI_INT, first, comm);
-  std::string text(message);
-  text.resize(len);
-  MPI_Bcast(text.data(), len, MPI_CHAR, first, comm);
-  if (rank == 0) {
-    std::fprintf(stderr, "%s\n", clean_message(text).c_str());
+  const Communicator c(comm);
+  const auto a = c.agree(code != 0 ? message : std::string(), {}, [&](MPI_Request* request) {
+    if (code != 0)
+      wait_or_abort(request, message, code);
+    else
+      MPI_Wait(request, MPI_STATUS_IGNORE);
+  });
+  if (!a.failed()) return 0;
+  int agreed_code = code;
+  MPI_Bcast(&agreed_code, 1, MPI_INT, a.rank, c.comm());
+  if (c.rank() == 0) {
+    std::fprintf(stderr, "%s\n", printed_message(a.message).c_str());
     std::fflush(stderr);
   }
-  return out[0];
+  return agreed_code;
 }
 
 }  // namespace
@@ -411,15 +404,17 @@ int main(int argc, char** argv) {
     code = vpce::tool::run(argc, argv);
   } catch (const vpce::tool::UsageError& e) {
     code = 2;
-    message = e.what();
+    message = e.message();
+  } catch (const vpce::Error& e) {
+    code = 1;
+    message = e.message();
   } catch (const std::exception& e) {
     code = 1;
     message = e.what();
-    if (message.empty()) message = "vpce: unknown error";
   } catch (...) {
     code = 1;
-    message = "vpce: unknown error";
   }
+  if (code != 0 && message.empty()) message = "unknown error";
   Kokkos::finalize();
   code = vpce::tool::finish(final_comm, code, message);
   MPI_Comm_free(&final_comm);

@@ -30,10 +30,10 @@ inline std::int64_t bits_of(double d) {
 /// Local checks of the options; empty when they are fine.
 inline std::string check_options(const Options& o) {
   auto bad = [](const char* what, double v, const char* want) {
-    return std::string("vpce: Options::") + what + " is " + std::to_string(v) + ", expected " + want;
+    return std::string("Options::") + what + " is " + std::to_string(v) + ", expected " + want;
   };
   if (o.block_rows < 0 || o.block_bytes_per_thread < 1)
-    return "vpce: Options::block_rows must be >= 0 and block_bytes_per_thread >= 1";
+    return "Options::block_rows must be >= 0 and block_bytes_per_thread >= 1";
   if (!(o.label_smoothing >= 0 && o.label_smoothing <= 1)) return bad("label_smoothing", o.label_smoothing, "[0, 1]");
   if (!(o.z_loss >= 0 && std::isfinite(o.z_loss))) return bad("z_loss", o.z_loss, "a finite value >= 0");
   if (!(o.logit_scale > 0 && std::isfinite(o.logit_scale)))
@@ -64,10 +64,10 @@ CrossEntropy<Scalar, ExecSpace>::CrossEntropy(const Communicator& comm, const Vo
     : m_comm(comm), m_part(partition), m_opt(options), m_exec(exec) {
   std::string err = impl::check_options(m_opt);
   if (m_part.num_ranks() != m_comm.size()) {
-    err = "vpce: the partition is for " + std::to_string(m_part.num_ranks()) + " ranks, the communicator has " +
+    err = "the partition is for " + std::to_string(m_part.num_ranks()) + " ranks, the communicator has " +
           std::to_string(m_comm.size());
   } else if (m_part.rank() != m_comm.rank()) {
-    err = "vpce: the partition was made for rank " + std::to_string(m_part.rank()) + " but this is rank " +
+    err = "the partition was made for rank " + std::to_string(m_part.rank()) + " but this is rank " +
           std::to_string(m_comm.rank());
   }
   // Rows per block: a thread's share of a block should fit in its cache. The fused strategy makes one
@@ -220,7 +220,7 @@ std::string CrossEntropy<Scalar, ExecSpace>::check_targets(const targets_view& t
   if (c.first_bad == std::int64_t(targets.extent(0))) return {};
   std::int64_t bad = 0;
   Kokkos::deep_copy(bad, Kokkos::subview(targets, c.first_bad));
-  return "vpce: target " + std::to_string(bad) + " of row " + std::to_string(c.first_bad) + " is outside [0, " +
+  return "target " + std::to_string(bad) + " of row " + std::to_string(c.first_bad) + " is outside [0, " +
          std::to_string(v) + ") and is not ignore_index (" + std::to_string(m_opt.ignore_index) + ")";
 }
 
@@ -228,7 +228,7 @@ template <class Scalar, class ExecSpace>
 impl::GradScale<typename CrossEntropy<Scalar, ExecSpace>::T, typename ExecSpace::memory_space>
 CrossEntropy<Scalar, ExecSpace>::grad_scale_for(const grad_loss_view* grad_loss, T grad_scale, std::string* err) const {
   if (grad_loss != nullptr && m_opt.reduction != Reduction::none && err->empty())
-    *err = std::string("vpce: a per-row grad_loss needs Options::reduction none, not ") + to_string(m_opt.reduction);
+    *err = std::string("a per-row grad_loss needs Options::reduction none, not ") + to_string(m_opt.reduction);
   T value = grad_scale;
   if (m_opt.reduction == Reduction::mean) value = m_n_valid > 0 ? grad_scale / T(m_n_valid) : T(0);
   return {grad_loss != nullptr ? *grad_loss : grad_loss_view(), value};
@@ -268,9 +268,9 @@ std::string CrossEntropy<Scalar, ExecSpace>::check_rows(std::int64_t row0, std::
   // The records are the all-reduced ones, identical on every rank: every rank fails alike.
   for (std::int64_t i = row0; i < row1; ++i) {
     const auto& r = m_records_host(i);
-    if (std::isnan(r.s)) return "vpce: row " + std::to_string(i) + " of the logits holds NaN or +inf";
+    if (std::isnan(r.s)) return "row " + std::to_string(i) + " of the logits holds NaN or +inf";
     if (r.m == impl::neg_inf<T>())
-      return "vpce: every logit of row " + std::to_string(i) + " is -inf: the loss is undefined";
+      return "every logit of row " + std::to_string(i) + " is -inf: the loss is undefined";
   }
   return {};
 }
@@ -280,7 +280,7 @@ void CrossEntropy<Scalar, ExecSpace>::throw_agreed(const std::string& err, const
   m_comm.agree_or_throw(err,
                         {{"the number of tokens N", status.n_rows}, {"the targets (a checksum)", status.checksum}});
   // Not reached: the status said that some rank found an error or that N or the checksum differ.
-  throw Error("vpce: internal error: the call status and the agreement on the inputs differ");
+  throw Error("internal error: the call status and the agreement on the inputs differ");
 }
 
 template <class Scalar, class ExecSpace>
@@ -303,18 +303,18 @@ void CrossEntropy<Scalar, ExecSpace>::run(const logits_view& logits, const targe
   // compute(): a rank whose inputs are bad still takes part in it, but runs no kernel on them.
   std::string err;
   if (std::int64_t(logits.extent(1)) != v_local) {
-    err = "vpce: the logits have " + std::to_string(logits.extent(1)) + " columns, the partition gives this rank " +
+    err = "the logits have " + std::to_string(logits.extent(1)) + " columns, the partition gives this rank " +
           std::to_string(v_local);
   } else if (std::int64_t(logits.extent(0)) != n_rows) {
-    err = "vpce: the logits have " + std::to_string(logits.extent(0)) + " rows but there are " +
+    err = "the logits have " + std::to_string(logits.extent(0)) + " rows but there are " +
           std::to_string(n_rows) + " targets";
   } else if (std::int64_t(loss.extent(0)) != n_rows) {
-    err = "vpce: the loss has " + std::to_string(loss.extent(0)) + " entries, expected " + std::to_string(n_rows);
+    err = "the loss has " + std::to_string(loss.extent(0)) + " entries, expected " + std::to_string(n_rows);
   } else if (out == Out::grad && (grad_rows != n_rows || grad_cols != v_local)) {
-    err = "vpce: the gradient is " + impl::shape(grad_rows, grad_cols) + ", expected " + impl::shape(n_rows, v_local);
+    err = "the gradient is " + impl::shape(grad_rows, grad_cols) + ", expected " + impl::shape(n_rows, v_local);
   } else if (out == Out::grad && grad_loss != nullptr && std::int64_t(grad_loss->extent(0)) != n_rows) {
     err =
-        "vpce: grad_loss has " + std::to_string(grad_loss->extent(0)) + " entries, expected " + std::to_string(n_rows);
+        "grad_loss has " + std::to_string(grad_loss->extent(0)) + " entries, expected " + std::to_string(n_rows);
   }
   std::int64_t checksum = 0;
   if (err.empty()) err = check_targets(targets, &checksum);
@@ -576,7 +576,7 @@ void CrossEntropy<Scalar, ExecSpace>::backward_impl(const grad_loss_view* grad_l
       "grad_loss has " + std::to_string(grad_loss->extent(0)) + " entries, expected " + std::to_string(n_rows));
   std::string err;
   const auto g = grad_scale_for(grad_loss, grad_scale, &err);
-  VPCE_THROW_IF(!err.empty(), err.substr(6));
+  VPCE_THROW_IF(!err.empty(), err);
   impl::ScopedRegion region("vpce::backward");
   if (m_opt.softcap > 0) {
     backward_rows<G, true>(g, grad, ld);

@@ -64,9 +64,9 @@ LinearCrossEntropy<Scalar, ExecSpace>::LinearCrossEntropy(const Communicator& co
       m_ce(comm, partition, impl::per_chunk_options(options), exec) {
   std::string err;
   if (hidden_size < 1) {
-    err = "vpce: LinearCrossEntropy: hidden_size is " + std::to_string(hidden_size) + ", expected >= 1";
+    err = "LinearCrossEntropy: hidden_size is " + std::to_string(hidden_size) + ", expected >= 1";
   } else if (linear.chunk_rows < 0 || (linear.chunk_rows == 0 && linear.chunk_bytes < 1)) {
-    err = "vpce: LinearOptions: chunk_rows must be >= 0, and chunk_bytes >= 1 when chunk_rows is 0";
+    err = "LinearOptions: chunk_rows must be >= 0, and chunk_bytes >= 1 when chunk_rows is 0";
   }
   // The rows of a chunk come from the widest slice over the ranks, so every rank computes the same value.
   std::int64_t widest = 1;
@@ -93,10 +93,10 @@ void LinearCrossEntropy<Scalar, ExecSpace>::check_call(const matrix_view& hidden
                        bool contiguous, std::string* e) {
     if (!e->empty()) return;
     if (rows != want_rows || cols != h)
-      *e = std::string("vpce: LinearCrossEntropy: ") + what + " is " + shape(rows, cols) + ", expected " +
+      *e = std::string("LinearCrossEntropy: ") + what + " is " + shape(rows, cols) + ", expected " +
            shape(want_rows, h);
     else if (!contiguous)
-      *e = std::string("vpce: LinearCrossEntropy: ") + what + " must be contiguous (rows of stride H)";
+      *e = std::string("LinearCrossEntropy: ") + what + " must be contiguous (rows of stride H)";
   };
   std::string err;
   is_matrix("hidden", hidden.extent(0), hidden.extent(1), n, hidden.span_is_contiguous(), &err);
@@ -106,13 +106,13 @@ void LinearCrossEntropy<Scalar, ExecSpace>::check_call(const matrix_view& hidden
   if (grad_weight) is_matrix("grad_weight", grad_weight->extent(0), grad_weight->extent(1), v,
                              grad_weight->span_is_contiguous(), &err);
   if (err.empty() && (std::int64_t(targets.extent(0)) != n || std::int64_t(loss.extent(0)) != n))
-    err = "vpce: LinearCrossEntropy: targets has " + std::to_string(targets.extent(0)) + " rows and loss " +
+    err = "LinearCrossEntropy: targets has " + std::to_string(targets.extent(0)) + " rows and loss " +
           std::to_string(loss.extent(0)) + ", hidden has " + std::to_string(n);
   if (err.empty() && grad_loss) {
     if (m_opt.reduction != Reduction::none)
-      err = "vpce: LinearCrossEntropy: a per-row grad_loss needs Reduction::none (use the scalar overload)";
+      err = "LinearCrossEntropy: a per-row grad_loss needs Reduction::none (use the scalar overload)";
     else if (std::int64_t(grad_loss->extent(0)) != n)
-      err = "vpce: LinearCrossEntropy: grad_loss has " + std::to_string(grad_loss->extent(0)) +
+      err = "LinearCrossEntropy: grad_loss has " + std::to_string(grad_loss->extent(0)) +
             " rows, expected " + std::to_string(n);
   }
   if (err.empty() && (grad_hidden || grad_weight)) {
@@ -122,11 +122,11 @@ void LinearCrossEntropy<Scalar, ExecSpace>::check_call(const matrix_view& hidden
     for (int i = 0; i < 2; ++i) {
       if ((grad_hidden && impl::overlaps(grad_hidden->data(), grad_hidden->span() * s, in[i], in_n[i])) ||
           (grad_weight && impl::overlaps(grad_weight->data(), grad_weight->span() * s, in[i], in_n[i])))
-        err = "vpce: LinearCrossEntropy: the gradients must not share memory with hidden or weight";
+        err = "LinearCrossEntropy: the gradients must not share memory with hidden or weight";
     }
     if (grad_hidden && grad_weight &&
         impl::overlaps(grad_hidden->data(), grad_hidden->span() * s, grad_weight->data(), grad_weight->span() * s))
-      err = "vpce: LinearCrossEntropy: grad_hidden and grad_weight share memory";
+      err = "LinearCrossEntropy: grad_hidden and grad_weight share memory";
   }
   // The number of chunks (one collective each) follows from N: it must be the same on every rank.
   m_comm.agree_or_throw(err, {{"the number of tokens N", n}});
@@ -148,7 +148,7 @@ template <class Scalar, class ExecSpace>
 void LinearCrossEntropy<Scalar, ExecSpace>::backward(const grad_loss_view& grad_loss,
                                                      const grad_matrix_view& grad_hidden,
                                                      const grad_matrix_view& grad_weight, bool accumulate_weight) {
-  VPCE_THROW_IF(!m_have_forward, "vpce: LinearCrossEntropy::backward() without a forward()");
+  VPCE_THROW_IF(!m_have_forward, "LinearCrossEntropy::backward() without a forward()");
   const std::int64_t n = m_saved_hidden.extent(0);
   if (std::int64_t(m_scratch_loss.extent(0)) < n)
     m_scratch_loss = loss_view(Kokkos::view_alloc(Kokkos::WithoutInitializing, "vpce::linear::loss"), n);
@@ -161,7 +161,7 @@ void LinearCrossEntropy<Scalar, ExecSpace>::backward(const grad_loss_view& grad_
 template <class Scalar, class ExecSpace>
 void LinearCrossEntropy<Scalar, ExecSpace>::backward(Scalar grad_scale, const grad_matrix_view& grad_hidden,
                                                      const grad_matrix_view& grad_weight, bool accumulate_weight) {
-  VPCE_THROW_IF(!m_have_forward, "vpce: LinearCrossEntropy::backward() without a forward()");
+  VPCE_THROW_IF(!m_have_forward, "LinearCrossEntropy::backward() without a forward()");
   const std::int64_t n = m_saved_hidden.extent(0);
   if (std::int64_t(m_scratch_loss.extent(0)) < n)
     m_scratch_loss = loss_view(Kokkos::view_alloc(Kokkos::WithoutInitializing, "vpce::linear::loss"), n);
@@ -250,8 +250,9 @@ void LinearCrossEntropy<Scalar, ExecSpace>::run(const matrix_view& hidden, const
         m_ce.loss_and_grad(logits, targets_c, loss_c, logits, scale);
       }
     } catch (const Error& e) {  // thrown alike on every rank: the rows it names count from the chunk's first
-      throw Error(std::string(e.what()) + " [LinearCrossEntropy: in the chunk of rows " + std::to_string(r0) + " to " +
-                  std::to_string(r1 - 1) + "; row numbers above count from " + std::to_string(r0) + "]");
+      throw Error(e.message() + " (LinearCrossEntropy: in the chunk of rows " + std::to_string(r0) + " to " +
+                      std::to_string(r1 - 1) + "; row numbers count from " + std::to_string(r0) + ")",
+                  e.where());
     }
     total += m_ce.reduced_loss();
     Kokkos::deep_copy(m_exec, Kokkos::subview(m_lse, span), m_ce.lse());
