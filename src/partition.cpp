@@ -1,5 +1,6 @@
 #include "vpce/partition.hpp"
 
+#include <algorithm>
 #include <limits>
 #include <string>
 
@@ -63,6 +64,12 @@ VocabPartition VocabPartition::from_sizes(const std::vector<std::int64_t>& sizes
                 "the partition sizes add up to " + std::to_string(offsets.back()) + ", not to the vocabulary size " +
                     std::to_string(vocab_size));
   return VocabPartition(std::move(offsets), comm.rank());
+}
+
+std::int64_t VocabPartition::max_local_size() const noexcept {
+  std::int64_t widest = 0;
+  for (std::size_t r = 0; r + 1 < m_offsets.size(); ++r) widest = std::max(widest, m_offsets[r + 1] - m_offsets[r]);
+  return widest;
 }
 
 std::vector<std::int64_t> VocabPartition::sizes() const {

@@ -32,6 +32,10 @@ class VocabPartition {
   std::int64_t begin(int rank) const { return m_offsets.at(rank); }
   std::int64_t end(int rank) const { return m_offsets.at(rank + 1); }
   std::int64_t local_size(int rank) const { return end(rank) - begin(rank); }
+  /// The widest range over all ranks, max_r local_size(r) (no communication: every rank holds every range).
+  /// E.g. the column count a buffer must hold to serve any rank, or the rank whose share sets how many
+  /// collective transfers every rank makes.
+  std::int64_t max_local_size() const noexcept;
   int rank() const noexcept { return m_rank; }
   std::vector<std::int64_t> sizes() const;
 
