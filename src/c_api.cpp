@@ -3,6 +3,7 @@
 #include <memory>
 #include <string>
 
+#include "vpce/dtype.hpp"
 #include "vpce/vpce.h"
 #include "vpce/vpce.hpp"
 
@@ -137,6 +138,10 @@ vpce::Options to_options(const vpce_options* o) {
   return opt;
 }
 
+// vpce_dtype's values are vpce::DType's: a checked vpce_dtype converts with a cast.
+static_assert(int(vpce::DType::float32) == VPCE_FLOAT32 && int(vpce::DType::float64) == VPCE_FLOAT64 &&
+              int(vpce::DType::bfloat16) == VPCE_BFLOAT16 && int(vpce::DType::float16) == VPCE_FLOAT16);
+
 }  // namespace
 
 struct vpce_handle_s {
@@ -195,20 +200,9 @@ vpce_status vpce_create(MPI_Comm comm, int64_t local_vocab, vpce_dtype dtype, co
     c.agree_or_throw(err, {{"the dtype", std::int64_t(dtype)}});
     const bool g16 = options && options->grad_in_logits_type;
     auto h = std::make_unique<vpce_handle_s>();
-    switch (dtype) {
-      case VPCE_FLOAT32:
-        h->impl = std::make_unique<Handle<float>>(c, local_vocab, opt, g16);
-        break;
-      case VPCE_FLOAT64:
-        h->impl = std::make_unique<Handle<double>>(c, local_vocab, opt, g16);
-        break;
-      case VPCE_BFLOAT16:
-        h->impl = std::make_unique<Handle<vpce::bfloat16>>(c, local_vocab, opt, g16);
-        break;
-      case VPCE_FLOAT16:
-        h->impl = std::make_unique<Handle<vpce::float16>>(c, local_vocab, opt, g16);
-        break;
-    }
+    vpce::dispatch(static_cast<vpce::DType>(dtype), [&](auto tag) {
+      h->impl = std::make_unique<Handle<typename decltype(tag)::type>>(c, local_vocab, opt, g16);
+    });
     *handle = h.release();
   });
 }
