@@ -3,7 +3,8 @@
 //
 //   mpiexec -n 2 vpce_linear_perf [N=8192] [H=1024] [V=65536] [reps=3] [json|-]
 //
-// Per rank, with V_r = V / ranks, fp32, the median over reps of the slowest rank:
+// Per rank, with V_r = V / ranks, fp32, the median over reps (after one warm-up) of the slowest rank (the benchmark
+// harness's timing, bench/bench.hpp):
 //   blas_alone    the three products on the full shapes straight through the BLAS library (sgemm_):
 //                 logits = hidden W_r^T, grad_W = dlogits^T hidden, grad_hidden = dlogits W_r (the ceiling)
 //   core_lg       vpce::CrossEntropy::loss_and_grad on the full N x V_r logits (gradient to its own buffer)
@@ -11,8 +12,9 @@
 //   fused         vpce::LinearCrossEntropy::loss_and_grad (chunks; never N x V_r)
 // and for the fused path: the bytes Kokkos allocated during its first call (peak over the call minus what
 // was live before it, from Kokkos Tools allocation callbacks) against the N x V_r logits it avoids, and the
-// time in its gemm regions as GFLOP/s against blas_alone's. Targets: extra memory <= 10% of the logits,
-// fused <= 1.15 x (blas_alone + core_lg), gemm rate >= 80% of blas_alone's.
+// time in its gemm regions ("vpce::linear::gemm*", median over reps of the slowest rank) as GFLOP/s against
+// blas_alone's. Targets: extra memory <= 10% of the logits, fused <= 1.15 x (blas_alone + core_lg), gemm rate
+// >= 80% of blas_alone's.
 //
 // The BLAS library's own threads: with several ranks per node set OPENBLAS_NUM_THREADS (1 rank per core).
 
@@ -21,14 +23,15 @@
 #include <Kokkos_Core.hpp>
 #include <KokkosBlas3_gemm.hpp>
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <sstream>
+#include <functional>
 #include <string>
-#include <vector>
 
+#include "bench.hpp"
 #include "vpce/linear_cross_entropy.hpp"
 #include "vpce/vpce.hpp"
 
@@ -44,7 +47,7 @@ using Matrix = Kokkos::View<float**, Kokkos::LayoutRight, Mem>;
 using LL = Kokkos::View<float**, Kokkos::LayoutLeft, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 using ConstLL = Kokkos::View<const float**, Kokkos::LayoutLeft, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 
-// Kokkos Tools callbacks: bytes live (and their peak), time in the fused path's gemm regions.
+// Kokkos Tools allocation callbacks: bytes live, and their peak.
 std::int64_t g_live = 0, g_peak = 0;
 void on_alloc(Kokkos::Profiling::SpaceHandle, const char*, const void*, std::uint64_t size) {
   g_live += std::int64_t(size);
@@ -53,38 +56,14 @@ void on_alloc(Kokkos::Profiling::SpaceHandle, const char*, const void*, std::uin
 void on_dealloc(Kokkos::Profiling::SpaceHandle, const char*, const void*, std::uint64_t size) {
   g_live -= std::int64_t(size);
 }
-std::vector<std::pair<std::string, double>> g_stack;
-double g_gemm_s = 0;
-void on_push(const char* name) { g_stack.emplace_back(name, MPI_Wtime()); }
-void on_pop() {
-  if (g_stack.empty()) return;
-  if (g_stack.back().first.rfind("vpce::linear::gemm", 0) == 0) g_gemm_s += MPI_Wtime() - g_stack.back().second;
-  g_stack.pop_back();
-}
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-/// Median over reps (after one warm-up) of the slowest rank's seconds.
-template <class F>
-double time_it(int reps, F&& f) {
-  std::vector<double> t;
-  for (int r = 0; r <= reps; ++r) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    const double t0 = MPI_Wtime();
-    f();
-    Kokkos::fence();
-    double dt = MPI_Wtime() - t0, worst = 0;
-    MPI_Allreduce(&dt, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    if (r > 0) t.push_back(worst);
-  }
-  return median(t);
+/// The harness's median over reps (after one warm-up) of the slowest rank's milliseconds.
+double median_ms(const vpce::Communicator& comm, int reps, const std::function<void()>& op) {
+  return vpce::bench::time_op(comm, reps, op).median_ms;
 }
 
 void fill(const Matrix& m, std::uint64_t seed, float scale) {
-  const std::int64_t cols = m.extent(1);
+  const auto cols = std::int64_t(m.extent(1));
   Kokkos::parallel_for(
       "fill", Kokkos::RangePolicy<Exec>(0, m.extent(0)), KOKKOS_LAMBDA(std::int64_t i) {
         for (std::int64_t k = 0; k < cols; ++k) {
@@ -114,6 +93,7 @@ int main(int argc, char** argv) {
     const auto part = vpce::VocabPartition::even(v, comm);
     const std::int64_t vr = part.local_size();
     const double flops = 3 * 2.0 * double(n) * double(h) * double(vr);
+    auto gflops = [&](double ms) { return flops / ms * 1e-6; };
     const double logits_bytes = double(n) * double(vr) * sizeof(float);
 
     Matrix hidden("hidden", n, h), weight("weight", vr, h), grad_h("grad_hidden", n, h), grad_w("grad_weight", vr, h);
@@ -138,22 +118,17 @@ int main(int argc, char** argv) {
     std::int64_t extra = 0;
     MPI_Allreduce(&extra_local, &extra, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
 
-    Kokkos::Tools::Experimental::set_push_region_callback(on_push);
-    Kokkos::Tools::Experimental::set_pop_region_callback(on_pop);
-    g_gemm_s = 0;
-    const double fused = time_it(reps, [&] { lce.loss_and_grad(hidden, weight, targets, loss, grad_h, grad_w); });
-    const double gemm_s_local = g_gemm_s / (reps + 1);
-    Kokkos::Tools::Experimental::set_push_region_callback(nullptr);
-    Kokkos::Tools::Experimental::set_pop_region_callback(nullptr);
-    double fused_gemm = 0;
-    MPI_Allreduce(&gemm_s_local, &fused_gemm, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    // The harness's timing (milliseconds): the time of the whole call and of its gemm regions.
+    const vpce::bench::Timing fused_t = vpce::bench::time_op(
+        comm, reps, [&] { lce.loss_and_grad(hidden, weight, targets, loss, grad_h, grad_w); }, "vpce::linear::gemm");
+    const double fused = fused_t.median_ms, fused_gemm = fused_t.region_ms;
     const double fused_loss = lce.reduced_loss();
 
     // The materialised path and its pieces.
     Matrix logits("logits", n, vr);
     const int in = int(n), ih = int(h), iv = int(vr);
     const float one = 1, zero = 0;
-    const double blas = time_it(reps, [&] {
+    const double blas = median_ms(comm, reps, [&] {
       // Column-major: logits^T (V_r x N) = W_LL^T hidden_LL; grad_W^T (H x V_r) = hidden_LL dlogits_LL^T;
       // grad_hidden^T (H x N) = W_LL dlogits^T (dlogits = the logits buffer here: only the time matters).
       if (vr > 0) {
@@ -175,9 +150,9 @@ int main(int argc, char** argv) {
     double core_lg = 0;
     {
       Matrix dlogits(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dlogits"), n, vr);
-      core_lg = time_it(reps, [&] { ce.loss_and_grad(logits, targets, loss, dlogits); });
+      core_lg = median_ms(comm, reps, [&] { ce.loss_and_grad(logits, targets, loss, dlogits); });
     }
-    const double materialised = time_it(reps, [&] {
+    const double materialised = median_ms(comm, reps, [&] {
       refill();
       ce.loss_and_grad(logits, targets, loss, logits);
       if (vr > 0) {
@@ -192,33 +167,30 @@ int main(int argc, char** argv) {
     const double materialised_loss = ce.reduced_loss();
 
     const char* obt = std::getenv("OPENBLAS_NUM_THREADS");
-    std::ostringstream js;
-    js << "{\"name\": \"linear_cross_entropy\", \"ranks\": " << comm.size() << ", \"threads\": " << Exec().concurrency()
-       << ", \"openblas_num_threads\": \"" << (obt ? obt : "") << "\", \"kokkos_version\": " << KOKKOS_VERSION
-       << ", \"tokens\": " << n << ", \"hidden\": " << h << ", \"vocab\": " << v << ", \"vocab_local\": " << vr
-       << ", \"reps\": " << reps << ", \"chunk_rows\": " << lce.chunk_rows() << ", \"fused_ms\": " << fused * 1e3
-       << ", \"materialised_ms\": " << materialised * 1e3 << ", \"blas_alone_ms\": " << blas * 1e3
-       << ", \"core_lg_ms\": " << core_lg * 1e3 << ", \"fused_gemm_ms\": " << fused_gemm * 1e3
-       << ", \"extra_bytes\": " << extra << ", \"logits_bytes\": " << logits_bytes
-       << ", \"extra_over_logits\": " << extra / logits_bytes
-       << ", \"fused_over_blas_plus_core\": " << fused / (blas + core_lg)
-       << ", \"fused_over_materialised\": " << fused / materialised
-       << ", \"gemm_rate_over_blas\": " << blas / fused_gemm << ", \"blas_gflops\": " << flops / blas * 1e-9
-       << ", \"fused_gemm_gflops\": " << flops / fused_gemm * 1e-9 << ", \"fused_loss_sum\": " << fused_loss
-       << ", \"materialised_loss_sum\": " << materialised_loss << "}";
+    vpce::bench::JsonRecord js;
+    js.add("name", "linear_cross_entropy").add("ranks", comm.size()).add("threads", Exec().concurrency());
+    js.add("openblas_num_threads", obt ? obt : "").add("kokkos_version", KOKKOS_VERSION);
+    js.add("tokens", n).add("hidden", h).add("vocab", v).add("vocab_local", vr).add("reps", reps);
+    js.add("chunk_rows", lce.chunk_rows()).add("fused_ms", fused).add("materialised_ms", materialised);
+    js.add("blas_alone_ms", blas).add("core_lg_ms", core_lg).add("fused_gemm_ms", fused_gemm);
+    js.add("extra_bytes", extra).add("logits_bytes", logits_bytes).add("extra_over_logits", double(extra) / logits_bytes);
+    js.add("fused_over_blas_plus_core", fused / (blas + core_lg)).add("fused_over_materialised", fused / materialised);
+    js.add("gemm_rate_over_blas", blas / fused_gemm).add("blas_gflops", gflops(blas));
+    js.add("fused_gemm_gflops", gflops(fused_gemm)).add("fused_loss_sum", fused_loss);
+    js.add("materialised_loss_sum", materialised_loss);
     if (comm.rank() == 0) {
       std::printf("vpce_linear_perf: N %lld H %lld V %lld over %d ranks (V_r %lld), %d threads/rank, chunk %lld rows\n",
                   (long long)n, (long long)h, (long long)v, comm.size(), (long long)vr, Exec().concurrency(),
                   (long long)lce.chunk_rows());
-      std::printf("  blas alone (3 sgemm)      %10.1f ms  %6.1f GFLOP/s\n", blas * 1e3, flops / blas * 1e-9);
-      std::printf("  core loss_and_grad        %10.1f ms\n", core_lg * 1e3);
-      std::printf("  materialised              %10.1f ms\n", materialised * 1e3);
-      std::printf("  fused                     %10.1f ms  (gemms %.1f ms, %6.1f GFLOP/s)\n", fused * 1e3,
-                  fused_gemm * 1e3, flops / fused_gemm * 1e-9);
+      std::printf("  blas alone (3 sgemm)      %10.1f ms  %6.1f GFLOP/s\n", blas, gflops(blas));
+      std::printf("  core loss_and_grad        %10.1f ms\n", core_lg);
+      std::printf("  materialised              %10.1f ms\n", materialised);
+      std::printf("  fused                     %10.1f ms  (gemms %.1f ms, %6.1f GFLOP/s)\n", fused, fused_gemm,
+                  gflops(fused_gemm));
       std::printf("  fused / (blas + core)     %10.3f   (target <= 1.15)\n", fused / (blas + core_lg));
       std::printf("  fused gemm rate / blas    %10.3f   (target >= 0.80)\n", blas / fused_gemm);
       std::printf("  extra memory              %10.1f MiB = %.3f of the %.1f MiB logits (target <= 0.10)\n",
-                  extra / 1048576.0, extra / logits_bytes, logits_bytes / 1048576.0);
+                  double(extra) / 1048576.0, double(extra) / logits_bytes, logits_bytes / 1048576.0);
       std::printf("  loss sum fused %.6e, materialised %.6e\n", fused_loss, materialised_loss);
       if (json == "-") {
         std::printf("%s\n", js.str().c_str());

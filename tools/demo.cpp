@@ -13,13 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "bench.hpp"
 #include "h5io.hpp"
 #include "tool.hpp"
 #include "vpce/vpce.hpp"
-
-#ifdef VPCE_TOOL_HAVE_BENCH
-#include "bench.hpp"
-#endif
 
 namespace vpce::tool {
 
@@ -388,7 +385,6 @@ int run_demo(const Communicator& comm, const Args& args) {
   logits = grad = grad_first = Mat();
 
   if (!args.has("no-bench")) {
-#ifdef VPCE_TOOL_HAVE_BENCH
     bench::Config cfg;
     cfg.tokens = n;
     cfg.vocab = v;
@@ -412,10 +408,6 @@ int run_demo(const Communicator& comm, const Args& args) {
       t << line;
     }
     print0(comm, t.str());
-#else
-    (void)reps;
-    print0(comm, "  timing skipped: this vpce was built without the benchmark harness (perf_tests/)\n");
-#endif
   }
   return 0;
 }
@@ -447,7 +439,6 @@ int cmd_bench(const Communicator& comm, const std::vector<std::string>& argv) {
     print0(comm, bench_help);
     return 0;
   }
-#ifdef VPCE_TOOL_HAVE_BENCH
   bench::Config cfg;
   cfg.tokens = args.get_int("tokens", cfg.tokens, 1, std::int64_t(1) << 40);
   cfg.vocab = args.get_int("vocab", cfg.vocab, 1, std::int64_t(1) << 40);
@@ -461,9 +452,6 @@ int cmd_bench(const Communicator& comm, const std::vector<std::string>& argv) {
   print0(comm, bench::to_table(recs));
   if (!json.empty()) write_text_file(comm, json, bench::to_json(recs));
   return 0;
-#else
-  throw Error("bench: this vpce was built without the benchmark harness (perf_tests/, target vpce_bench)");
-#endif
 }
 
 }  // namespace vpce::tool

@@ -7,9 +7,11 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <sstream>
 
 #include "vpce/config.hpp"
+#include "vpce/dtype.hpp"
 #include "vpce/impl/stream.hpp"
 #include "vpce/vpce.hpp"
 
@@ -19,20 +21,23 @@ namespace {
 
 using Exec = Kokkos::DefaultExecutionSpace;
 
-// Time inside vpce's "vpce::collective" Kokkos Tools regions (MPI calls, staging, waiting for the other
-// ranks), from region callbacks installed while the benchmark runs (not when a Kokkos tool is loaded).
+// Time inside the Kokkos Tools regions time_op measures (vpce::collective: MPI calls, staging, waiting for the
+// other ranks), from region callbacks installed while it runs (not when a Kokkos tool is loaded).
+std::string g_region_prefix;
 std::vector<std::pair<std::string, double>> g_regions;
-double g_collective_s = 0;
+double g_region_s = 0;
 void push_region(const char* name) { g_regions.emplace_back(name, MPI_Wtime()); }
 void pop_region() {
   if (g_regions.empty()) return;
-  if (g_regions.back().first == "vpce::collective") g_collective_s += MPI_Wtime() - g_regions.back().second;
+  if (g_regions.back().first.rfind(g_region_prefix, 0) == 0) g_region_s += MPI_Wtime() - g_regions.back().second;
   g_regions.pop_back();
 }
 struct RegionTimer {
   bool active = !Kokkos::Profiling::profileLibraryLoaded();
-  RegionTimer() {
+  explicit RegionTimer(const std::string& prefix) {
     if (!active) return;
+    g_region_prefix = prefix;
+    g_regions.clear();
     Kokkos::Tools::Experimental::set_push_region_callback(push_region);
     Kokkos::Tools::Experimental::set_pop_region_callback(pop_region);
   }
@@ -41,6 +46,8 @@ struct RegionTimer {
     Kokkos::Tools::Experimental::set_push_region_callback(nullptr);
     Kokkos::Tools::Experimental::set_pop_region_callback(nullptr);
   }
+  RegionTimer(const RegionTimer&) = delete;
+  RegionTimer& operator=(const RegionTimer&) = delete;
 };
 
 double median(std::vector<double> v) {
@@ -49,34 +56,11 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-struct Timing {
-  double median_ms, min_ms, collective_ms;
-};
-
 bool wanted(const Config& c, const std::string& name) {
   if (c.only.empty()) return true;
   for (const auto& p : c.only)
     if (name.rfind(p, 0) == 0) return true;
   return false;
-}
-
-/// Median and minimum over reps of the slowest rank's time of `op` (after one warm-up call), and the median
-/// of the slowest rank's time inside vpce's collective regions.
-Timing time_op(const Communicator& comm, int reps, const std::function<void()>& op) {
-  op();
-  std::vector<double> ms, coll;
-  for (int r = 0; r < reps; ++r) {
-    MPI_Barrier(comm.comm());
-    g_collective_s = 0;
-    const double t0 = MPI_Wtime();
-    op();
-    Kokkos::fence();
-    double mine[2] = {(MPI_Wtime() - t0) * 1e3, g_collective_s * 1e3}, worst[2];
-    MPI_Allreduce(mine, worst, 2, MPI_DOUBLE, MPI_MAX, comm.comm());
-    ms.push_back(worst[0]);
-    coll.push_back(worst[1]);
-  }
-  return {median(ms), *std::min_element(ms.begin(), ms.end()), median(coll)};
 }
 
 /// Deterministic pseudo-random logits shaped like an LM head's: triangular noise with a column bias.
@@ -104,9 +88,7 @@ template <class S>
 std::vector<Record> run_typed(const Communicator& comm, const Config& cfg) {
   using T = compute_type_t<S>;
   const auto part = VocabPartition::even(cfg.vocab, comm);
-  const std::int64_t n = cfg.tokens, v = part.local_size();
-  std::int64_t v_max = 0;
-  MPI_Allreduce(&v, &v_max, 1, MPI_INT64_T, MPI_MAX, comm.comm());
+  const std::int64_t n = cfg.tokens, v = part.local_size(), v_max = part.max_local_size();
 
   Kokkos::View<S**, Kokkos::LayoutRight> logits(Kokkos::view_alloc(Kokkos::WithoutInitializing, "logits"), n, v);
   Kokkos::View<S**, Kokkos::LayoutRight> out(Kokkos::view_alloc(Kokkos::WithoutInitializing, "out"), n, v);
@@ -122,10 +104,9 @@ std::vector<Record> run_typed(const Communicator& comm, const Config& cfg) {
 
   const double elem_bytes = double(n) * double(v_max) * sizeof(S);
   std::vector<Record> recs;
-  const RegionTimer timer;
   auto add = [&](const std::string& name, double bytes, const std::function<void()>& op) {
     if (!wanted(cfg, name) && name != "copy" && name != "copy_stream" && name != "read") return;
-    const auto t = time_op(comm, cfg.reps, op);
+    const Timing t = time_op(comm, cfg.reps, op);
     Record r;
     r.name = name;
     r.ranks = comm.size();
@@ -135,7 +116,7 @@ std::vector<Record> run_typed(const Communicator& comm, const Config& cfg) {
     r.dtype = cfg.dtype;
     r.ms_median = t.median_ms;
     r.ms_min = t.min_ms;
-    r.collective_ms = timer.active ? t.collective_ms : -1;
+    r.collective_ms = t.region_ms;
     r.bytes = bytes;
     r.gbps = bytes / (t.median_ms * 1e6);
     recs.push_back(r);
@@ -230,27 +211,64 @@ std::vector<Record> run_typed(const Communicator& comm, const Config& cfg) {
 std::vector<Record> run(const Communicator& comm, const Config& config) {
   VPCE_THROW_IF(config.tokens < 1 || config.vocab < 1 || config.reps < 1,
                 "bench: --tokens, --vocab and --reps must be positive");
-  if (config.dtype == "float32") return run_typed<float>(comm, config);
-  if (config.dtype == "float64") return run_typed<double>(comm, config);
-  if (config.dtype == "bfloat16") return run_typed<bfloat16>(comm, config);
-  if (config.dtype == "float16") return run_typed<float16>(comm, config);
-  VPCE_THROW_IF(true, "bench: unknown dtype '" + config.dtype + "' (expected float32, float64, bfloat16 or float16)");
+  const std::optional<DType> dtype = parse_dtype(config.dtype);
+  VPCE_THROW_IF(!dtype, "bench: unknown dtype '" + config.dtype + "' (expected float32, float64, bfloat16 or float16)");
+  return dispatch(*dtype, [&](auto tag) { return run_typed<typename decltype(tag)::type>(comm, config); });
+}
+
+Timing time_op(const Communicator& comm, int reps, const std::function<void()>& op, const std::string& region) {
+  const RegionTimer timer(region);
+  op();
+  Kokkos::fence();
+  std::vector<double> ms, in_region;
+  for (int r = 0; r < reps; ++r) {
+    MPI_Barrier(comm.comm());
+    g_region_s = 0;
+    const double t0 = MPI_Wtime();
+    op();
+    Kokkos::fence();
+    double mine[2] = {(MPI_Wtime() - t0) * 1e3, g_region_s * 1e3}, worst[2];
+    MPI_Allreduce(mine, worst, 2, MPI_DOUBLE, MPI_MAX, comm.comm());
+    ms.push_back(worst[0]);
+    in_region.push_back(worst[1]);
+  }
+  Timing t;
+  t.median_ms = median(ms);
+  t.min_ms = *std::min_element(ms.begin(), ms.end());
+  t.region_ms = timer.active ? median(in_region) : -1;
+  return t;
+}
+
+std::ostream& JsonRecord::field(const std::string& key) {
+  m_os << (m_empty ? "{" : ", ") << '"' << key << "\": ";
+  m_empty = false;
+  return m_os;
+}
+
+JsonRecord& JsonRecord::add(const std::string& key, const std::string& value) {
+  std::ostream& os = field(key);
+  os << '"';
+  for (const char c : value) {
+    if (c == '"' || c == '\\') os << '\\';
+    os << c;
+  }
+  os << '"';
+  return *this;
 }
 
 std::string to_json(const std::vector<Record>& records) {
   std::ostringstream os;
-  os.precision(6);
   os << "[\n";
   for (std::size_t k = 0; k < records.size(); ++k) {
     const auto& r = records[k];
-    os << "  {\"name\": \"" << r.name << "\", \"ranks\": " << r.ranks << ", \"threads\": " << r.threads
-       << ", \"tokens\": " << r.tokens << ", \"vocab_local\": " << r.vocab_local << ", \"dtype\": \"" << r.dtype
-       << "\", \"ms_median\": " << r.ms_median << ", \"ms_min\": " << r.ms_min << ", \"bytes\": " << r.bytes
-       << ", \"gbps\": " << r.gbps << ", \"ratio_to_copy\": " << r.ratio_to_copy
-       << ", \"ratio_to_stream\": " << r.ratio_to_stream << ", \"ratio_to_read\": " << r.ratio_to_read
-       << ", \"collective_ms\": " << r.collective_ms << ", \"backend\": \"" << Exec::name()
-       << "\", \"kokkos_version\": " << KOKKOS_VERSION << ", \"vpce_version\": \"" << VPCE_VERSION_STRING << "\"}"
-       << (k + 1 < records.size() ? "," : "") << "\n";
+    JsonRecord j;
+    j.add("name", r.name).add("ranks", r.ranks).add("threads", r.threads).add("tokens", r.tokens);
+    j.add("vocab_local", r.vocab_local).add("dtype", r.dtype).add("ms_median", r.ms_median).add("ms_min", r.ms_min);
+    j.add("bytes", r.bytes).add("gbps", r.gbps).add("ratio_to_copy", r.ratio_to_copy);
+    j.add("ratio_to_stream", r.ratio_to_stream).add("ratio_to_read", r.ratio_to_read);
+    j.add("collective_ms", r.collective_ms).add("backend", Exec::name()).add("kokkos_version", KOKKOS_VERSION);
+    j.add("vpce_version", VPCE_VERSION_STRING);
+    os << "  " << j.str() << (k + 1 < records.size() ? "," : "") << "\n";
   }
   os << "]\n";
   return os.str();
