@@ -11,9 +11,11 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "vpce/communicator.hpp"
+#include "vpce/dtype.hpp"
 #include "vpce/error.hpp"
 
 namespace vpce::tool {
@@ -68,6 +70,11 @@ struct AttributeInfo {
   std::string value;
   std::string type_name;  ///< what it is when not a string (e.g. "int64")
 };
+
+/// The element H5File reads and writes for data of type S (float, double, vpce::bfloat16, vpce::float16): S
+/// itself, or for the 16-bit types their bits (std::uint16_t; the dataset's dtype attribute says which).
+template <class S>
+using file_element_t = std::conditional_t<is_16bit(dtype_of<S>()), std::uint16_t, S>;
 
 /// Human-readable shape, "7 x 23".
 std::string shape_string(const std::vector<std::int64_t>& dims);

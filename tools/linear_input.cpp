@@ -95,7 +95,7 @@ LinearInput check_linear_input(const Communicator& comm, const H5File& in, const
   r.n = hi.dims[0];
   r.h = hi.dims[1];
   r.v = wi.dims[0];
-  r.type = hi.type_size == 8 ? HiddenType::float64 : HiddenType::float32;
+  r.type = hi.type_size == 8 ? DType::float64 : DType::float32;
   check_partition_sum(cfg, r.v, "linear", "rows", "/weight", file);
   return r;
 }

@@ -11,6 +11,7 @@
 #include "loss_input.hpp"
 #include "tool.hpp"
 #include "vpce/communicator.hpp"
+#include "vpce/dtype.hpp"
 
 namespace vpce::tool {
 
@@ -25,14 +26,12 @@ struct LinearConfig : LossOptions {
 /// collective. With -h/--help only `help` is set.
 LinearConfig parse_linear_args(const std::vector<std::string>& argv, int nranks);
 
-enum class HiddenType { float32, float64 };
-
 /// What the input file of `vpce linear` holds, once checked.
 struct LinearInput {
   std::int64_t n = 0;  ///< tokens (rows of /hidden)
   std::int64_t h = 0;  ///< hidden size (columns of /hidden and /weight)
   std::int64_t v = 0;  ///< vocabulary (rows of /weight)
-  HiddenType type = HiddenType::float32;
+  DType type = DType::float32;  ///< of /hidden and /weight: float32 or float64
 };
 
 /// Checks /hidden (N x H), /weight (V x H, the same type) and /targets (N, integers) from the file's metadata and

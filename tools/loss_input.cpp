@@ -102,15 +102,15 @@ bool huge(const DatasetInfo& info) {
 namespace {
 
 /// What /logits holds; `err` gets a message if it is not usable.
-LogitsType logits_type(const H5File& in, const DatasetInfo& li, std::string* err) {
+DType logits_type(const H5File& in, const DatasetInfo& li, std::string* err) {
   const std::string& file = in.display_name();
   const std::string expected =
       "expected float32 or float64, or uint16 bits with a string attribute dtype = \"bfloat16\" or \"float16\"";
-  if (li.kind == DatasetInfo::Kind::floating && li.type_size == 4) return LogitsType::float32;
-  if (li.kind == DatasetInfo::Kind::floating && li.type_size == 8) return LogitsType::float64;
+  if (li.kind == DatasetInfo::Kind::floating && li.type_size == 4) return DType::float32;
+  if (li.kind == DatasetInfo::Kind::floating && li.type_size == 8) return DType::float64;
   if (li.type_name != "uint16") {
     *err = file + ": dataset /logits has type " + li.type_name + "; " + expected;
-    return LogitsType::float32;
+    return DType::float32;
   }
   const AttributeInfo a = in.attribute("/logits", "dtype");
   if (!a.exists) {
@@ -121,14 +121,14 @@ LogitsType logits_type(const H5File& in, const DatasetInfo& li, std::string* err
     *err = file + ": dataset /logits (uint16): attribute dtype is " + a.type_name +
            ", not a string; expected \"bfloat16\" or \"float16\"";
   } else if (a.value == "bfloat16") {
-    return LogitsType::bfloat16;
+    return DType::bfloat16;
   } else if (a.value == "float16") {
-    return LogitsType::float16;
+    return DType::float16;
   } else {
     *err = file + ": dataset /logits (uint16): attribute dtype is \"" + a.value +
            "\"; expected \"bfloat16\" or \"float16\"";
   }
-  return LogitsType::float32;
+  return DType::float32;
 }
 
 }  // namespace
@@ -204,22 +204,6 @@ LossConfig parse_loss_args(const std::vector<std::string>& argv, int nranks) {
   }
   return cfg;
 }
-
-const char* to_string(LogitsType t) {
-  switch (t) {
-    case LogitsType::float32:
-      return "float32";
-    case LogitsType::float64:
-      return "float64";
-    case LogitsType::bfloat16:
-      return "bfloat16";
-    case LogitsType::float16:
-      return "float16";
-  }
-  return "?";
-}
-
-std::size_t element_size(LogitsType t) { return t == LogitsType::float64 ? 8 : t == LogitsType::float32 ? 4 : 2; }
 
 LossInput check_loss_input(const Communicator& comm, const H5File& in, const LossConfig& cfg) {
   // Metadata checks: every rank reads the same metadata; the decision is agreed all the same.

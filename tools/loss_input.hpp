@@ -12,6 +12,7 @@
 #include "h5io.hpp"
 #include "tool.hpp"
 #include "vpce/communicator.hpp"
+#include "vpce/dtype.hpp"
 #include "vpce/options.hpp"
 
 namespace vpce::tool {
@@ -54,17 +55,11 @@ Options library_options(const LossOptions& opt);
 /// collective (every rank parses the same line alike). With -h/--help only `help` is set.
 LossConfig parse_loss_args(const std::vector<std::string>& argv, int nranks);
 
-enum class LogitsType { float32, float64, bfloat16, float16 };
-
-const char* to_string(LogitsType t);
-/// Bytes per element of the logits in memory and in the file.
-std::size_t element_size(LogitsType t);
-
 /// What the input file holds, once checked.
 struct LossInput {
   std::int64_t n = 0;  ///< tokens (rows)
   std::int64_t v = 0;  ///< vocabulary (columns)
-  LogitsType type = LogitsType::float32;
+  DType type = DType::float32;  ///< float32, float64, or 16-bit (uint16 bits with a dtype attribute)
 };
 
 /// Checks /logits and /targets from the file's metadata (existence, dimensions, types, the dtype attribute of

@@ -114,6 +114,8 @@ class RemoveOnSignal {
   RemoveOnSignal& operator=(const RemoveOnSignal&) = delete;
 };
 
+// The commands (vpce.cpp's table): argv holds the arguments after the command's name.
+int cmd_loss(const Communicator& comm, const std::vector<std::string>& argv);
 int cmd_linear(const Communicator& comm, const std::vector<std::string>& argv);
 int cmd_demo(const Communicator& comm, const std::vector<std::string>& argv);
 int cmd_bench(const Communicator& comm, const std::vector<std::string>& argv);

@@ -1,28 +1,22 @@
 /// \file vpce.cpp
-/// \brief The `vpce` command-line tool: main, the command table, and `vpce loss`'s computation and output.
+/// \brief The `vpce` command-line tool: main, the command table, help and version, and the exit status every rank
+/// agrees on (finish). The commands are in loss.cpp, linear.cpp and demo.cpp.
 
 #include "vpce/vpce.hpp"
 
-#include <H5public.h>
+#include <hdf5.h>
 #include <mpi.h>
 #include <unistd.h>
 
 #include <Kokkos_Core.hpp>
-#include <cerrno>
-#include <cmath>
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <optional>
 #include <sstream>
 #include <string>
-#include <type_traits>
 #include <vector>
 
-#include "command.hpp"
-#include "h5io.hpp"
-#include "loss_input.hpp"
 #include "tool.hpp"
 
 namespace vpce::tool {
@@ -36,8 +30,6 @@ struct Command {
   int (*run)(const Communicator& comm, const std::vector<std::string>& argv);
   const char* summary;
 };
-
-int cmd_loss(const Communicator& comm, const std::vector<std::string>& argv);
 
 const Command commands[] = {
     {"loss", cmd_loss, "loss (and gradient) of the logits in an HDF5 file, the vocabulary split over the ranks"},
@@ -79,242 +71,6 @@ std::string program_help() {
        "(killed, out of memory), mpiexec ends the job with a non-zero status and no output file appears.\n";
   return s;
 }
-
-}  // namespace
-
-// ------------------------------------------------------------------------------------------------ loss
-
-std::string number_text(double x) {
-  for (int prec = 1; prec <= 17; ++prec) {
-    std::ostringstream s;
-    s.precision(prec);
-    s << x;
-    if (std::strtod(s.str().c_str(), nullptr) == x) return s.str();
-  }
-  return std::to_string(x);
-}
-
-void write_common_attributes(H5File& out, const Communicator& comm, const LossOptions& cfg, std::int64_t n_valid) {
-  out.write_attribute("vpce_version", VPCE_VERSION_STRING);
-  out.write_attribute("input", cfg.input);
-  out.write_attribute("strategy", to_string(cfg.strategy));
-  out.write_attribute("ranks", std::to_string(comm.size()));
-  out.write_attribute("reduction", to_string(cfg.reduction));
-  out.write_attribute("ignore_index", std::to_string(cfg.ignore_index));
-  out.write_attribute("label_smoothing", number_text(cfg.label_smoothing));
-  out.write_attribute("z_loss", number_text(cfg.z_loss));
-  out.write_attribute("logit_scale", number_text(cfg.logit_scale));
-  out.write_attribute("softcap", number_text(cfg.softcap));
-  out.write_attribute("num_valid", std::to_string(n_valid));
-}
-
-namespace {
-
-/// Scalar: the logits' type (float, double, bfloat16, float16). Loss and lse are in its compute type; the
-/// gradient is computed in the compute type or, for 16-bit logits with --grad-dtype logits, in Scalar.
-template <class Scalar>
-void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, std::int64_t n, std::int64_t v,
-              const VocabPartition& part) {
-  using CE = CrossEntropy<Scalar>;
-  using T = typename CE::compute_type;
-  using mem = typename CE::memory_space;
-  constexpr bool half = is_16bit_v<Scalar>;
-  // The element read from and written to the file: the 16-bit types as their bits.
-  using FileElem = std::conditional_t<half, std::uint16_t, Scalar>;
-  static_assert(sizeof(FileElem) == sizeof(Scalar) && std::is_trivially_copyable_v<Scalar>);
-  const std::int64_t vl = part.local_size();
-  std::int64_t max_vl = 0;
-  for (int r = 0; r < comm.size(); ++r) max_vl = std::max(max_vl, part.local_size(r));
-  const bool reduced = cfg.reduction != Reduction::none;
-  // The gradient in the logits' own 16-bit type, or in the compute type (written converted to float32 if asked).
-  const bool grad_in_storage = half && cfg.grad_dtype == "logits";
-  const bool grad_as_float32 = !std::is_same_v<T, float> && cfg.grad_dtype == "float32";
-  // One call computing the loss and the gradient into the logits' own buffer (the library allows it): the
-  // gradient's element type must be the logits' one.
-  const bool in_place = cfg.grad && cfg.mode == "fused" && (std::is_same_v<Scalar, T> || grad_in_storage);
-
-  using Matrix = Kokkos::View<Scalar**, Kokkos::LayoutRight, mem>;
-  using GradMatrix = Kokkos::View<T**, Kokkos::LayoutRight, mem>;
-  Matrix logits, grad_s;  // grad_s: the gradient in Scalar (16-bit, or in place)
-  GradMatrix grad_t;      // the gradient in the compute type
-  Kokkos::View<std::int64_t*, mem> targets;
-  Kokkos::View<T*, mem> loss, lse;
-  auto alloc = [](const char* label) { return Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)); };
-  collectively(comm, [&] {
-    try {
-      logits = Matrix(alloc("vpce::tool::logits"), n, vl);
-      targets = decltype(targets)(alloc("vpce::tool::targets"), n);
-      loss = decltype(loss)(alloc("vpce::tool::loss"), n);
-      if (cfg.lse) lse = decltype(lse)(alloc("vpce::tool::lse"), n);
-      if (cfg.grad && in_place) {
-        grad_s = logits;
-      } else if (cfg.grad && grad_in_storage) {
-        grad_s = Matrix(alloc("vpce::tool::grad"), n, vl);
-      } else if (cfg.grad) {
-        grad_t = GradMatrix(alloc("vpce::tool::grad"), n, vl);
-      }
-    } catch (const std::exception&) {
-      // Kokkos' message is a paragraph: say what did not fit instead.
-      const double bytes = double(n) * double(vl) * double(sizeof(Scalar) + (cfg.grad && !in_place ? sizeof(T) : 0)) +
-                           double(n) * 8 * (cfg.lse ? 3 : 2);
-      std::ostringstream msg;
-      msg.precision(3);
-      msg << cfg.input << ": not enough memory for this rank's " << n << " x " << vl << " logits"
-          << (cfg.grad ? " and their gradient" : "") << " (" << bytes / double(1 << 30) << " GiB)";
-      throw Error(msg.str());
-    }
-  });
-
-  // Read: this rank's columns of the logits, all the targets. (Host mirrors are the Views themselves on CPUs.)
-  {
-    auto h_logits = Kokkos::create_mirror_view(logits);
-    auto h_targets = Kokkos::create_mirror_view(targets);
-    in.read_columns<FileElem>("/logits", n, part.begin(), vl, max_vl, reinterpret_cast<FileElem*>(h_logits.data()));
-    in.read_all<std::int64_t>("/targets", n, h_targets.data());
-    in.close();
-    fault_point("read");
-    agree(comm, targets_error(cfg.input, h_targets.data(), n, v, cfg.ignore_index));
-    Kokkos::deep_copy(logits, h_logits);
-    Kokkos::deep_copy(targets, h_targets);
-  }
-
-  // Compute. Library errors (NaN logits, ...) are the same on every rank; name the input file in them.
-  double reduced_loss = 0;
-  std::int64_t n_valid = 0;
-  fault_point("collective");
-  collectively(comm, [&] {
-    try {
-      Options opt = library_options(cfg);
-      opt.mode = cfg.mode == "stash" ? Mode::stash_softmax : Mode::recompute;
-      CE ce(comm, part, opt);
-      // grad_scale 1: the gradient of the sum of the per-token losses (none), of the sum (sum) or of the mean
-      // (mean: the library divides by the number of non-ignored tokens).
-      auto compute = [&](const auto& grad) {
-        if (cfg.grad && cfg.mode == "fused") {
-          ce.loss_and_grad(logits, targets, loss, grad, T(1));
-        } else {
-          ce.forward(logits, targets, loss);
-          if (cfg.grad) ce.backward(T(1), grad);
-        }
-      };
-      if constexpr (half) {
-        if (grad_s.data() != nullptr)
-          compute(grad_s);  // grad_storage_view: the logits' own type
-        else
-          compute(grad_t);
-      } else {
-        compute(grad_s.data() != nullptr ? grad_s : grad_t);  // the same View type here
-      }
-      if (cfg.lse) Kokkos::deep_copy(lse, ce.lse());
-      reduced_loss = ce.reduced_loss();
-      n_valid = ce.num_valid();
-      Kokkos::fence();
-    } catch (const Error& e) {
-      throw Error(cfg.input + ": " + e.message());
-    } catch (const std::exception& e) {
-      throw Error(cfg.input + ": " + e.what());
-    }
-  });
-  if (!in_place) logits = Matrix();  // free before writing
-
-  auto h_loss = Kokkos::create_mirror_view(loss);
-  Kokkos::deep_copy(h_loss, loss);
-  auto h_lse = Kokkos::create_mirror_view(lse);
-  Kokkos::deep_copy(h_lse, lse);
-  auto h_grad_s = Kokkos::create_mirror_view(grad_s);
-  Kokkos::deep_copy(h_grad_s, grad_s);
-  auto h_grad_t = Kokkos::create_mirror_view(grad_t);
-  Kokkos::deep_copy(h_grad_t, grad_t);
-
-  // Write under a temporary name; rename when every rank has closed it.
-  // A full disk is found before anything is allocated in the file: the metadata block, the datasets, and room for
-  // the small-data block and rounding.
-  const std::int64_t grad_elem = !cfg.grad         ? 0
-                                 : grad_in_storage ? std::int64_t(sizeof(Scalar))
-                                 : grad_as_float32 ? 4
-                                                   : std::int64_t(sizeof(T));
-  const std::int64_t reserve = std::int64_t(128) * 1024 + (reduced ? 1 : n) * std::int64_t(sizeof(T)) + n * v * grad_elem +
-                               (cfg.lse ? n * std::int64_t(sizeof(T)) : 0);
-  write_output(comm, cfg.output, reserve, [&](H5File& out) {
-    out.create_dataset("/loss", {reduced ? 1 : n}, little_endian_type<T>());
-    if (cfg.grad) {
-      const hid_t type = grad_in_storage   ? little_endian_type<Scalar>()
-                         : grad_as_float32 ? H5T_IEEE_F32LE
-                                           : little_endian_type<T>();
-      out.create_dataset("/grad_logits", {n, v}, type);
-      if (grad_in_storage) out.write_attribute("dtype", dtype_name<Scalar>(), "/grad_logits");
-    }
-    if (cfg.lse) out.create_dataset("/lse", {n}, little_endian_type<T>());
-    out.write_attribute("logits_dtype", dtype_name<Scalar>());
-    out.write_attribute("mode", cfg.grad ? cfg.mode : std::string("forward"));
-    write_common_attributes(out, comm, cfg, n_valid);
-    if (reduced) {
-      const T value = T(reduced_loss);
-      out.write_all<T>("/loss", 1, &value, 0);
-    } else {
-      out.write_all<T>("/loss", n, h_loss.data(), 0);
-    }
-    if (cfg.lse) out.write_all<T>("/lse", n, h_lse.data(), 0);
-    if (cfg.grad && h_grad_s.data() != nullptr) {
-      out.write_columns<FileElem>("/grad_logits", n, part.begin(), vl, max_vl,
-                                  reinterpret_cast<const FileElem*>(h_grad_s.data()));
-    } else if (cfg.grad) {
-      out.write_columns<T>("/grad_logits", n, part.begin(), vl, max_vl, h_grad_t.data());
-    }
-  });
-
-  if (!cfg.quiet) {
-    std::ostringstream msg;
-    msg.precision(6);
-    msg << cfg.output << ": " << n << " tokens x " << v << " vocabulary (" << dtype_name<Scalar>() << ", "
-        << comm.size() << " rank" << (comm.size() > 1 ? "s" : "") << ", strategy " << to_string(cfg.strategy) << ", "
-        << (cfg.grad ? "mode " + cfg.mode : std::string("loss only")) << "): ";
-    if (cfg.reduction == Reduction::none)
-      msg << "mean loss " << (n_valid > 0 ? reduced_loss / double(n_valid) : 0.0);
-    else
-      msg << to_string(cfg.reduction) << " of the losses " << reduced_loss;
-    if (n_valid != n) msg << " (" << n_valid << " tokens not ignored)";
-    msg << "\n";
-    print0(comm, msg.str());
-  }
-}
-
-int cmd_loss(const Communicator& comm, const std::vector<std::string>& argv) {
-  const LossConfig cfg = parse_loss_args(argv, comm.size());
-  if (cfg.help) {
-    print0(comm, loss_help);
-    return 0;
-  }
-  check_fault_setting();
-  check_writable(comm, cfg.output, "output");
-  H5File in = H5File::open_read(cfg.input, comm);
-  const LossInput input = check_loss_input(comm, in, cfg);
-  const std::int64_t n = input.n, v = input.v;
-  const VocabPartition part =
-      cfg.have_partition ? VocabPartition::from_sizes(cfg.partition, comm, v) : VocabPartition::even(v, comm);
-  std::int64_t max_vl = 0;
-  for (int r = 0; r < comm.size(); ++r) max_vl = std::max(max_vl, part.local_size(r));
-  agree(comm, size_error(cfg.input, n, v, max_vl, element_size(input.type)), false);
-
-  const LogitsType type = input.type;
-  switch (type) {
-    case LogitsType::float32:
-      run_loss<float>(comm, cfg, in, n, v, part);
-      break;
-    case LogitsType::float64:
-      run_loss<double>(comm, cfg, in, n, v, part);
-      break;
-    case LogitsType::bfloat16:
-      run_loss<bfloat16>(comm, cfg, in, n, v, part);
-      break;
-    case LogitsType::float16:
-      run_loss<float16>(comm, cfg, in, n, v, part);
-      break;
-  }
-  return 0;
-}
-
-// ------------------------------------------------------------------------------------------------ main
 
 std::string version_text() {
   std::ostringstream s;

@@ -25,6 +25,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "h5io.hpp"
@@ -32,6 +33,7 @@
 #include "loss_input.hpp"
 #include "tool.hpp"
 #include "vpce/communicator.hpp"
+#include "vpce/dtype.hpp"
 #include "vpce/error.hpp"
 
 using namespace vpce;
@@ -456,23 +458,11 @@ void fuzz_file(FuzzedDataProvider& fdp) {
     if (input.n > 4096 || input.n * cols > (1 << 18)) return;
     std::vector<std::int64_t> targets(std::size_t(input.n) + 1);
     const std::size_t elems = std::size_t(input.n * cols) + 1;
-    switch (input.type) {
-      case LogitsType::float32: {
-        std::vector<float> buf(elems);
-        in.read_columns<float>("/logits", input.n, begin, cols, max_cols, buf.data());
-        break;
-      }
-      case LogitsType::float64: {
-        std::vector<double> buf(elems);
-        in.read_columns<double>("/logits", input.n, begin, cols, max_cols, buf.data());
-        break;
-      }
-      default: {
-        std::vector<std::uint16_t> buf(elems);
-        in.read_columns<std::uint16_t>("/logits", input.n, begin, cols, max_cols, buf.data());
-        break;
-      }
-    }
+    dispatch(input.type, [&](auto tag) {
+      using E = file_element_t<typename decltype(tag)::type>;
+      std::vector<E> buf(elems);
+      in.read_columns<E>("/logits", input.n, begin, cols, max_cols, buf.data());
+    });
     in.read_all<std::int64_t>("/targets", input.n, targets.data());
     in.close();
     const std::string terr = targets_error(g_path, targets.data(), input.n, input.v, cfg.ignore_index);
@@ -531,24 +521,24 @@ void fuzz_linear_file(FuzzedDataProvider& fdp) {
     const std::int64_t rows = base + (my < extra ? 1 : 0);
     const std::int64_t begin = my * base + std::min<std::int64_t>(my, extra);
     const std::int64_t max_rows = base + (extra ? 1 : 0);
-    const std::size_t elem = input.type == HiddenType::float64 ? 8 : 4;
     const std::string size_err =
-        linear_size_error(g_path, input.n, input.h, input.v, max_rows, cfg.chunk_rows, elem);
+        linear_size_error(g_path, input.n, input.h, input.v, max_rows, cfg.chunk_rows, element_size(input.type));
     if (!size_err.empty()) {
       check_message(size_err, g_path);
       return;
     }
     if (input.n > 4096 || input.n * input.h > (1 << 18) || rows * input.h > (1 << 18)) return;
     std::vector<std::int64_t> targets(std::size_t(input.n) + 1);
-    if (input.type == HiddenType::float64) {
-      std::vector<double> hb(std::size_t(input.n * input.h) + 1), wb(std::size_t(rows * input.h) + 1);
-      in.read_rows<double>("/hidden", 0, input.n, input.n, input.h, hb.data());
-      in.read_rows<double>("/weight", begin, rows, max_rows, input.h, wb.data());
-    } else {
-      std::vector<float> hb(std::size_t(input.n * input.h) + 1), wb(std::size_t(rows * input.h) + 1);
-      in.read_rows<float>("/hidden", 0, input.n, input.n, input.h, hb.data());
-      in.read_rows<float>("/weight", begin, rows, max_rows, input.h, wb.data());
-    }
+    dispatch(input.type, [&](auto tag) {
+      using S = typename decltype(tag)::type;
+      if constexpr (std::is_floating_point_v<S>) {  // check_linear_input gives float32 or float64 only
+        std::vector<S> hb(std::size_t(input.n * input.h) + 1), wb(std::size_t(rows * input.h) + 1);
+        in.read_rows<S>("/hidden", 0, input.n, input.n, input.h, hb.data());
+        in.read_rows<S>("/weight", begin, rows, max_rows, input.h, wb.data());
+      } else {
+        bug(std::string("check_linear_input accepted ") + to_string(input.type) + " hidden states");
+      }
+    });
     in.read_all<std::int64_t>("/targets", input.n, targets.data());
     in.close();
     const std::string terr = targets_error(g_path, targets.data(), input.n, input.v, cfg.ignore_index);

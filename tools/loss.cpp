@@ -1,0 +1,171 @@
+/// \file loss.cpp
+/// \brief `vpce loss`: the loss (and gradient) of the logits in an HDF5 file (vpce::CrossEntropy), through the
+/// computing commands' skeleton (command.hpp).
+
+#include <Kokkos_Core.hpp>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "command.hpp"
+#include "h5io.hpp"
+#include "loss_input.hpp"
+#include "tool.hpp"
+#include "vpce/vpce.hpp"
+
+namespace vpce::tool {
+
+namespace {
+
+/// Scalar: the logits' type (float, double, bfloat16, float16). Loss and lse are in its compute type; the
+/// gradient is computed in the compute type or, for 16-bit logits with --grad-dtype logits, in Scalar.
+template <class Scalar>
+void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, const LossInput& input,
+              const VocabPartition& part) {
+  using CE = CrossEntropy<Scalar>;
+  using T = typename CE::compute_type;
+  using mem = typename CE::memory_space;
+  constexpr bool half = is_16bit_v<Scalar>;
+  // The element read from and written to the file: the 16-bit types as their bits.
+  using FileElem = file_element_t<Scalar>;
+  static_assert(sizeof(FileElem) == sizeof(Scalar) && std::is_trivially_copyable_v<Scalar>);
+  const std::int64_t n = input.n, v = input.v, vl = part.local_size(), max_vl = part.max_local_size();
+  // The gradient in the logits' own 16-bit type, or in the compute type (written converted to float32 if asked).
+  const bool grad_in_storage = half && cfg.grad_dtype == "logits";
+  const bool grad_as_float32 = !std::is_same_v<T, float> && cfg.grad_dtype == "float32";
+  // One call computing the loss and the gradient into the logits' own buffer (the library allows it): the
+  // gradient's element type must be the logits' one.
+  const bool in_place = cfg.grad && cfg.mode == "fused" && (std::is_same_v<Scalar, T> || grad_in_storage);
+
+  using Matrix = Kokkos::View<Scalar**, Kokkos::LayoutRight, mem>;
+  using GradMatrix = Kokkos::View<T**, Kokkos::LayoutRight, mem>;
+  using Targets = Kokkos::View<std::int64_t*, mem>;
+  using Vector = Kokkos::View<T*, mem>;
+  Matrix logits, grad_s;  // grad_s: the gradient in Scalar (16-bit, or in place)
+  GradMatrix grad_t;      // the gradient in the compute type
+  Targets targets;
+  Vector loss, lse;
+  typename Matrix::HostMirror h_logits, h_grad_s;
+  typename GradMatrix::HostMirror h_grad_t;
+  typename Targets::HostMirror h_targets;
+  typename Vector::HostMirror h_loss, h_lse;
+
+  CommandSteps<T> steps;
+  steps.n = n;
+  steps.v = v;
+  steps.memory_what = std::to_string(n) + " x " + std::to_string(vl) + " logits" + (cfg.grad ? " and their gradient" : "");
+  steps.memory_bytes = double(n) * double(vl) * double(sizeof(Scalar) + (cfg.grad && !in_place ? sizeof(T) : 0)) +
+                       double(n) * 8 * (cfg.lse ? 3 : 2);
+  steps.allocate = [&] {
+    logits = Matrix(uninitialized("vpce::tool::logits"), n, vl);
+    targets = Targets(uninitialized("vpce::tool::targets"), n);
+    loss = Vector(uninitialized("vpce::tool::loss"), n);
+    if (cfg.lse) lse = Vector(uninitialized("vpce::tool::lse"), n);
+    if (cfg.grad && in_place) {
+      grad_s = logits;
+    } else if (cfg.grad && grad_in_storage) {
+      grad_s = Matrix(uninitialized("vpce::tool::grad"), n, vl);
+    } else if (cfg.grad) {
+      grad_t = GradMatrix(uninitialized("vpce::tool::grad"), n, vl);
+    }
+  };
+  // This rank's columns of the logits.
+  steps.read = [&](H5File& file) {
+    h_logits = Kokkos::create_mirror_view(logits);
+    h_targets = Kokkos::create_mirror_view(targets);
+    file.read_columns<FileElem>("/logits", n, part.begin(), vl, max_vl, reinterpret_cast<FileElem*>(h_logits.data()));
+    return h_targets.data();
+  };
+  steps.upload = [&] {
+    Kokkos::deep_copy(logits, h_logits);
+    Kokkos::deep_copy(targets, h_targets);
+    h_logits = {};
+    h_targets = {};
+  };
+  steps.compute = [&] {
+    Options opt = library_options(cfg);
+    opt.mode = cfg.mode == "stash" ? Mode::stash_softmax : Mode::recompute;
+    CE ce(comm, part, opt);
+    // grad_scale 1: the gradient of the sum of the per-token losses (none), of the sum (sum) or of the mean
+    // (mean: the library divides by the number of non-ignored tokens).
+    auto compute = [&](const auto& grad) {
+      if (cfg.grad && cfg.mode == "fused") {
+        ce.loss_and_grad(logits, targets, loss, grad, T(1));
+      } else {
+        ce.forward(logits, targets, loss);
+        if (cfg.grad) ce.backward(T(1), grad);
+      }
+    };
+    if constexpr (half) {
+      if (grad_s.data() != nullptr)
+        compute(grad_s);  // grad_storage_view: the logits' own type
+      else
+        compute(grad_t);
+    } else {
+      compute(grad_s.data() != nullptr ? grad_s : grad_t);  // the same View type here
+    }
+    if (cfg.lse) Kokkos::deep_copy(lse, ce.lse());
+    const Computed result{ce.reduced_loss(), ce.num_valid()};
+    Kokkos::fence();
+    return result;
+  };
+  steps.download = [&] {
+    if (!in_place) logits = Matrix();  // free before writing
+    h_loss = to_host(loss);
+    h_lse = to_host(lse);
+    h_grad_s = to_host(grad_s);
+    h_grad_t = to_host(grad_t);
+    return h_loss.data();
+  };
+  const std::int64_t grad_elem = !cfg.grad         ? 0
+                                 : grad_in_storage ? std::int64_t(sizeof(Scalar))
+                                 : grad_as_float32 ? 4
+                                                   : std::int64_t(sizeof(T));
+  steps.output_bytes = n * v * grad_elem + (cfg.lse ? n * std::int64_t(sizeof(T)) : 0);
+  steps.create = [&](H5File& out) {
+    if (cfg.grad) {
+      const hid_t type = grad_in_storage   ? little_endian_type<Scalar>()
+                         : grad_as_float32 ? H5T_IEEE_F32LE
+                                           : little_endian_type<T>();
+      out.create_dataset("/grad_logits", {n, v}, type);
+      if (grad_in_storage) out.write_attribute("dtype", to_string(dtype_of<Scalar>()), "/grad_logits");
+    }
+    if (cfg.lse) out.create_dataset("/lse", {n}, little_endian_type<T>());
+    out.write_attribute("logits_dtype", to_string(dtype_of<Scalar>()));
+    out.write_attribute("mode", cfg.grad ? cfg.mode : std::string("forward"));
+  };
+  steps.write = [&](H5File& out) {
+    if (cfg.lse) out.write_all<T>("/lse", n, h_lse.data(), 0);
+    if (cfg.grad && h_grad_s.data() != nullptr) {
+      out.write_columns<FileElem>("/grad_logits", n, part.begin(), vl, max_vl,
+                                  reinterpret_cast<const FileElem*>(h_grad_s.data()));
+    } else if (cfg.grad) {
+      out.write_columns<T>("/grad_logits", n, part.begin(), vl, max_vl, h_grad_t.data());
+    }
+  };
+  steps.describe = [&] {
+    return std::to_string(n) + " tokens x " + std::to_string(v) + " vocabulary (" + to_string(dtype_of<Scalar>()) +
+           ", " + ranks_text(comm) + ", strategy " + to_string(cfg.strategy) + ", " +
+           (cfg.grad ? "mode " + cfg.mode : std::string("loss only")) + ")";
+  };
+  run_command(comm, cfg, in, steps);
+}
+
+}  // namespace
+
+int cmd_loss(const Communicator& comm, const std::vector<std::string>& argv) {
+  const LossConfig cfg = parse_loss_args(argv, comm.size());
+  if (cfg.help) {
+    print0(comm, loss_help);
+    return 0;
+  }
+  H5File in = open_input(comm, cfg);
+  const LossInput input = check_loss_input(comm, in, cfg);
+  const VocabPartition part = partition_of(comm, cfg, input.v);
+  agree(comm, size_error(cfg.input, input.n, input.v, part.max_local_size(), element_size(input.type)), false);
+  dispatch(input.type, [&](auto tag) { run_loss<typename decltype(tag)::type>(comm, cfg, in, input, part); });
+  return 0;
+}
+
+}  // namespace vpce::tool
