@@ -4,23 +4,14 @@
 #include <climits>
 
 #include "vpce/error.hpp"
+#include "vpce/impl/status.hpp"
 
 namespace vpce::impl {
 
 namespace {
 template <class T>
 void merge_op(void* in, void* inout, int* len, MPI_Datatype*) {
-  const auto* a = static_cast<const RowStats<T>*>(in);
-  auto* b = static_cast<RowStats<T>*>(inout);
-  for (int i = 0; i < *len; ++i) {
-    if (b[i].s < T(0)) {  // a status record (encode_status_records): fieldwise max
-      b[i].m = a[i].m > b[i].m ? a[i].m : b[i].m;
-      b[i].t = a[i].t > b[i].t ? a[i].t : b[i].t;
-      b[i].a = a[i].a > b[i].a ? a[i].a : b[i].a;
-    } else {
-      b[i] = merge(a[i], b[i]);
-    }
-  }
+  merge_records(static_cast<const RowStats<T>*>(in), static_cast<RowStats<T>*>(inout), *len);
 }
 constexpr std::int64_t max_count = INT_MAX / 4;
 }  // namespace
@@ -79,5 +70,6 @@ template class StatsReduction<float>;
 template class StatsReduction<double>;
 template void allreduce_builtin<float>(float*, std::int64_t, MPI_Op, MPI_Comm);
 template void allreduce_builtin<double>(double*, std::int64_t, MPI_Op, MPI_Comm);
+template void allreduce_builtin<std::int64_t>(std::int64_t*, std::int64_t, MPI_Op, MPI_Comm);
 
 }  // namespace vpce::impl

@@ -1,5 +1,5 @@
 // Explicit instantiation for the default execution space, compiled with vpce's own flags (-fopenmp-simd
-// for the vectorised row loops). Other execution spaces are instantiated from the headers.
-#include "vpce/cross_entropy.hpp"
+// for the vectorised row loops). Other execution spaces: vpce/definitions.hpp in the user's code.
+#include "vpce/impl/cross_entropy_impl.hpp"
 
 template class vpce::CrossEntropy<float, Kokkos::DefaultExecutionSpace>;

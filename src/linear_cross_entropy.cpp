@@ -1,5 +1,5 @@
 // Explicit instantiations of vpce::LinearCrossEntropy for the default execution space.
-#include "vpce/linear_cross_entropy.hpp"
+#include "vpce/impl/linear_cross_entropy_impl.hpp"
 
 template class vpce::LinearCrossEntropy<float, Kokkos::DefaultExecutionSpace>;
 template class vpce::LinearCrossEntropy<double, Kokkos::DefaultExecutionSpace>;

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "vpce/definitions.hpp"  // Kokkos::Serial instances (the library has the default space's)
 #include "vpce/vpce.hpp"
 
 int main(int argc, char** argv) {

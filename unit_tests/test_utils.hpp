@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "vpce/definitions.hpp"  // Kokkos::Serial instances (the library has the default space's)
 #include "vpce/vpce.hpp"
 
 namespace vpce_test {

@@ -15,3 +15,4 @@ cmake --build "$work/build" -j 2 >/dev/null
 over=()  # OpenMPI's flag; MPICH's mpiexec refuses it
 case "$("$mpiexec" --version 2>&1)" in *"Open MPI"* | *OpenRTE*) over=(--oversubscribe) ;; esac
 "$mpiexec" -n 2 "${over[@]}" "$work/build/vpce_consumer"
+"$mpiexec" -n 2 "${over[@]}" "$work/build/vpce_consumer_definitions"

@@ -2,28 +2,29 @@
 /// \file cross_entropy.hpp
 /// \brief vpce::CrossEntropy: the vocab-parallel softmax cross-entropy loss and its gradient.
 
+///
+/// Kernel-free: this header declares the class; its definitions (the kernels, the strategies, the staging
+/// for MPI) are compiled into the library for the default execution space and the four scalar types. To
+/// instantiate CrossEntropy on another execution space, include "vpce/definitions.hpp" as well (README,
+/// "Using another execution space").
+
 #include <Kokkos_Core.hpp>
 #include <cstdint>
 #include <memory>
-#include <string>
 #include <type_traits>
-#include <utility>
 
 #include "vpce/communicator.hpp"
 #include "vpce/config.hpp"
 #include "vpce/error.hpp"
 #include "vpce/half.hpp"
-#include "vpce/impl/compat.hpp"
-#include "vpce/impl/kernels.hpp"
 #include "vpce/options.hpp"
 #include "vpce/partition.hpp"
 
 namespace vpce {
 
 namespace impl {
-template <class T>
-class StatsReduction;
-struct CallStatus;
+template <class Scalar, class ExecSpace>
+class CrossEntropyCore;
 }  // namespace impl
 
 /// Cross entropy over logits whose vocabulary is split across the ranks of a communicator.
@@ -102,92 +103,24 @@ class CrossEntropy {
 
   /// log(sum_j exp(x_ij)) over the global vocabulary, per row, of the last forward() or loss_and_grad()
   /// (empty if that call failed).
-  Kokkos::View<const compute_type*, memory_space> lse() const { return m_lse_out; }
+  Kokkos::View<const compute_type*, memory_space> lse() const;
   /// The per-token losses of the last call reduced as Options::reduction says (the sum for none), summed in
   /// row order (the same bits for any thread count).
-  double reduced_loss() const noexcept { return m_reduced_loss; }
+  double reduced_loss() const noexcept;
   /// Rows of the last call whose target is not ignore_index.
-  std::int64_t num_valid() const noexcept { return m_n_valid; }
+  std::int64_t num_valid() const noexcept;
 
-  const Communicator& communicator() const noexcept { return m_comm; }
-  const VocabPartition& partition() const noexcept { return m_part; }
-  const Options& options() const noexcept { return m_opt; }
+  const Communicator& communicator() const noexcept;
+  const VocabPartition& partition() const noexcept;
+  const Options& options() const noexcept;
   /// Rows per block of the fused strategy (agreed by all ranks at construction). The first block of a call
   /// has head_rows() rows (at most block_rows()), and its all-reduce always carries head_rows() records
   /// (padded when N is smaller) plus the call status, whatever N is.
-  std::int64_t block_rows() const noexcept { return m_block_rows; }
-  std::int64_t head_rows() const noexcept { return m_head_rows; }
+  std::int64_t block_rows() const noexcept;
+  std::int64_t head_rows() const noexcept;
 
  private:
-  using T = compute_type;
-  enum class Out { loss, stash, grad };
-  template <class G>
-  void run(const logits_view& logits, const targets_view& targets, const loss_view& loss, Out out, G* grad,
-           std::int64_t grad_rows, std::int64_t grad_cols, std::int64_t ld_grad, const grad_loss_view* grad_loss,
-           T grad_scale);
-  template <class G, bool Capped>
-  void compute(const logits_view& logits, const targets_view& targets, const loss_view& loss, Out out, G* y,
-               std::int64_t ld_y, const impl::GradScale<T, memory_space>& g, const impl::CallStatus& status,
-               const std::string& err);
-  /// The error path, after the first collective said that some rank found an error or that the ranks
-  /// disagree: agrees on the message (Communicator::agree_or_throw) and throws on every rank.
-  [[noreturn]] void throw_agreed(const std::string& err, const impl::CallStatus& status) const;
-  template <class G>
-  void backward_impl(const grad_loss_view* grad_loss, T grad_scale, G* grad, std::int64_t rows, std::int64_t cols,
-                     std::int64_t ld);
-  template <class G, bool Capped>
-  void backward_rows(const impl::GradScale<T, memory_space>& g, G* y, std::int64_t ld_y);
-  std::string check_targets(const targets_view& targets, std::int64_t* checksum);
-  /// grad_loss: the per-row View of the per-row overloads (must have N entries), nullptr for a scalar.
-  impl::GradScale<T, memory_space> grad_scale_for(const grad_loss_view* grad_loss, T grad_scale,
-                                                  std::string* err) const;
-  impl::Params<T> params() const;
-  void ensure_capacity(std::int64_t n_rows, bool stash, std::int64_t scratch_rows);
-  /// Whether rows of G are written with streaming stores.
-  template <class G>
-  bool streaming() const noexcept;
-  /// The non-finite check of rows [row0, row1) on the all-reduced records (the same on every rank): the
-  /// message of the first bad row, empty when there is none.
-  std::string check_rows(std::int64_t row0, std::int64_t row1) const;
-  void reduce_loss(const loss_view& loss);
-  bool use_teams() const noexcept;
-
-  Communicator m_comm;
-  VocabPartition m_part;
-  Options m_opt;
-  ExecSpace m_exec;
-  std::int64_t m_block_rows = 1;
-  std::int64_t m_head_rows = 1;
-  std::unique_ptr<impl::StatsReduction<T>> m_reduction;
-
-  // Work buffers, grown on demand, reused across calls.
-  // (View::HostMirror is deprecated in Kokkos 5: the mirror types are spelled through create_mirror_view.)
-  using records_view = Kokkos::View<impl::RowStats<T>*, memory_space>;
-  using seed_view = Kokkos::View<T**, Kokkos::LayoutLeft, memory_space>;
-  using staging = impl::staging_space_t<memory_space>;
-  records_view m_records;
-  decltype(Kokkos::create_mirror_view(std::declval<staging>(), std::declval<records_view>())) m_records_host;
-  seed_view m_seed;  // N x 4 (max, sum, target, logit sum) for the seed strategy
-  decltype(Kokkos::create_mirror_view(std::declval<staging>(), std::declval<seed_view>())) m_seed_host;
-  Kokkos::View<T*, memory_space> m_lse;
-  Kokkos::View<T**, Kokkos::LayoutRight, memory_space> m_chunk_max;  // running max per row chunk, between kernels
-  Kokkos::View<T*, memory_space> m_seed_head;  // the seed strategy's first MAX: head rows + the call status
-  decltype(Kokkos::create_mirror_view(std::declval<staging>(),
-                                      std::declval<Kokkos::View<T*, memory_space>>())) m_seed_head_host;
-  // The fused strategy's exp(x - m) for the gradient or the stash, on the host: two blocks' worth, which stay
-  // in cache, so the caller's rows are written once, with streaming stores, and only after the ranks have
-  // agreed that the inputs are valid. Empty on a device (its statistics store no exps).
-  Kokkos::View<T**, Kokkos::LayoutRight, memory_space> m_exp_scratch;
-  Kokkos::View<T**, Kokkos::LayoutRight, memory_space> m_stash;
-  Kokkos::View<T*, memory_space> m_stash_target;
-
-  // What forward() keeps for backward().
-  Kokkos::View<const T*, memory_space> m_lse_out;
-  logits_view m_saved_logits;
-  targets_view m_saved_targets;
-  bool m_have_forward = false;
-  std::int64_t m_n_valid = 0;
-  double m_reduced_loss = 0;
+  std::unique_ptr<impl::CrossEntropyCore<Scalar, ExecSpace>> m_core;
 };
 
 extern template class CrossEntropy<float, Kokkos::DefaultExecutionSpace>;
@@ -196,5 +129,3 @@ extern template class CrossEntropy<bfloat16, Kokkos::DefaultExecutionSpace>;
 extern template class CrossEntropy<float16, Kokkos::DefaultExecutionSpace>;
 
 }  // namespace vpce
-
-#include "vpce/impl/cross_entropy_impl.hpp"

@@ -4,7 +4,8 @@
 /// cross entropy, chunk by chunk of rows, so that the N x V_local logits never exist.
 ///
 /// Needs Kokkos Kernels (KokkosBlas::gemm): available when vpce was configured with it
-/// (VPCE_HAVE_KOKKOSKERNELS in vpce/config.hpp).
+/// (VPCE_HAVE_KOKKOSKERNELS in vpce/config.hpp). Kernel-free, like cross_entropy.hpp: the definitions are in
+/// the library for the default execution space, and in vpce/definitions.hpp for others.
 
 #include "vpce/config.hpp"
 
@@ -18,6 +19,7 @@
 
 #include "vpce/communicator.hpp"
 #include "vpce/cross_entropy.hpp"
+#include "vpce/impl/call.hpp"
 #include "vpce/options.hpp"
 #include "vpce/partition.hpp"
 
@@ -111,10 +113,13 @@ class LinearCrossEntropy {
   const Options& options() const noexcept { return m_opt; }
 
  private:
-  enum class What { loss, grad };
+  /// The chunks of one call: what = loss (forward) or grad (the gradients too, into grad_hidden/grad_weight).
   void run(const matrix_view& hidden, const matrix_view& weight, const targets_view& targets, const loss_view& loss,
-           What what, const grad_matrix_view* grad_hidden, const grad_matrix_view* grad_weight,
+           impl::Write what, const grad_matrix_view* grad_hidden, const grad_matrix_view* grad_weight,
            const grad_loss_view* grad_loss, Scalar grad_scale, bool accumulate_weight);
+  /// Both backward() overloads: grad_loss per row, or nullptr and grad_scale.
+  void backward_impl(const grad_loss_view* grad_loss, Scalar grad_scale, const grad_matrix_view& grad_hidden,
+                     const grad_matrix_view& grad_weight, bool accumulate_weight);
   void check_call(const matrix_view& hidden, const matrix_view& weight, const targets_view& targets,
                   const loss_view& loss, const grad_matrix_view* grad_hidden, const grad_matrix_view* grad_weight,
                   const grad_loss_view* grad_loss);
@@ -142,5 +147,3 @@ extern template class LinearCrossEntropy<float, Kokkos::DefaultExecutionSpace>;
 extern template class LinearCrossEntropy<double, Kokkos::DefaultExecutionSpace>;
 
 }  // namespace vpce
-
-#include "vpce/impl/linear_cross_entropy_impl.hpp"

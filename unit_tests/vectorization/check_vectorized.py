@@ -7,7 +7,8 @@ vpce's kernel translation units get (taken from compile_commands.json) for each 
 disassembles it, and requires of every function of vpce's (the probes and what they call):
 
   - no scalar floating-point arithmetic (add/sub/mul/div/fma/min/max/compare/convert on ss or sd) inside
-    an innermost loop (a conditional backward branch enclosing no other): such a loop was left scalar;
+    an innermost loop (a natural loop of the control-flow graph that holds no other): such a loop was
+    left scalar;
   - packed floating-point arithmetic in the target's widest registers somewhere (xmm for x86-64-v2,
     ymm for x86-64-v3, zmm for x86-64-v4).
 
@@ -96,9 +97,15 @@ def functions(disassembly):
         yield name, insns
 
 
-def is_back_edge_branch(mnem):
-    """A conditional branch: a loop's back edge when backward (an unconditional one rejoins a block)."""
-    return (mnem.startswith("j") and mnem != "jmp") or re.match(r"^(b\.\w+|cbn?z|tbn?z)$", mnem) is not None
+def branch_kind(mnem):
+    """'cond' for a conditional branch, 'jump' for an unconditional one, 'ret' for a return, else None."""
+    if mnem in ("ret", "retq", "ud2", "brk"):
+        return "ret"
+    if mnem in ("jmp", "jmpq", "b"):
+        return "jump"
+    if (mnem.startswith("j") and mnem not in ("jmp", "jmpq")) or re.match(r"^(b\.\w+|cbn?z|tbn?z)$", mnem):
+        return "cond"
+    return None
 
 
 def scalar_fp(mnem, ops):
@@ -106,22 +113,89 @@ def scalar_fp(mnem, ops):
 
 
 def innermost_loops(insns):
-    loops = []
-    for addr, mnem, ops in insns:
-        if is_back_edge_branch(mnem):
-            t = JUMP_TARGET.search(ops)
-            if t and int(t.group(1), 16) <= addr:
-                loops.append((int(t.group(1), 16), addr))
-    return [l for l in loops if not any(o != l and l[0] <= o[0] and o[1] <= l[1] for o in loops)]
+    """The innermost natural loops of a function, each as the list of its instructions' indices.
+
+    The control-flow graph is built from the branches (a direct branch to an address in the function is an
+    edge; an indirect one or a call ends nothing); a back edge is an edge u -> h where h dominates u, its
+    loop h plus every block that reaches u without passing h. A loop is innermost when no other loop's
+    header lies in it. This follows the code, not its layout: a loop whose body the compiler placed in
+    several places, around other loops, is still seen as the loop it is."""
+    if not insns:
+        return []
+    index = {addr: k for k, (addr, _, _) in enumerate(insns)}
+    leaders = {0}
+    targets = {}
+    for k, (addr, mnem, ops) in enumerate(insns):
+        kind = branch_kind(mnem)
+        if kind is None:
+            continue
+        t = JUMP_TARGET.search(ops)
+        if t and kind != "ret" and int(t.group(1), 16) in index:
+            targets[k] = index[int(t.group(1), 16)]
+            leaders.add(targets[k])
+        if k + 1 < len(insns):
+            leaders.add(k + 1)
+    starts = sorted(leaders)
+    block_of = {}
+    blocks = []
+    for n, first in enumerate(starts):
+        last = (starts[n + 1] if n + 1 < len(starts) else len(insns)) - 1
+        blocks.append((first, last))
+        block_of[first] = n
+    succ = [set() for _ in blocks]
+    for n, (first, last) in enumerate(blocks):
+        kind = branch_kind(insns[last][1])
+        if last in targets:
+            succ[n].add(block_of[targets[last]])
+        if kind in (None, "cond") and last + 1 < len(insns):
+            succ[n].add(n + 1)
+    pred = [set() for _ in blocks]
+    for n, ss in enumerate(succ):
+        for m in ss:
+            pred[m].add(n)
+    # Dominators (iterative, over the blocks reachable from the entry).
+    reach, stack = {0}, [0]
+    while stack:
+        for m in succ[stack.pop()]:
+            if m not in reach:
+                reach.add(m)
+                stack.append(m)
+    dom = {n: set(reach) for n in reach}
+    dom[0] = {0}
+    changed = True
+    while changed:
+        changed = False
+        for n in sorted(reach):
+            if n == 0:
+                continue
+            ps = [dom[p] for p in pred[n] if p in reach]
+            new = set.intersection(*ps) | {n} if ps else {n}
+            if new != dom[n]:
+                dom[n], changed = new, True
+    loops = {}
+    for u in reach:
+        for h in succ[u]:
+            if h in dom[u]:  # a back edge u -> h
+                body, work = {h, u}, ([u] if u != h else [])
+                while work:
+                    for p in pred[work.pop()]:
+                        if p in reach and p not in body:
+                            body.add(p)
+                            work.append(p)
+                loops.setdefault(h, set()).update(body)
+    inner = [body for h, body in loops.items() if not any(o != h and o in body for o in loops)]
+    return [[k for n in sorted(body) for k in range(blocks[n][0], blocks[n][1] + 1)] for body in inner]
 
 
 def scalar_loops(insns):
-    """(start, end, first scalar instruction) of each innermost loop holding scalar FP arithmetic."""
+    """(first address, last address, first scalar instruction) of each innermost loop holding scalar FP
+    arithmetic."""
     found = []
-    for start, end in innermost_loops(insns):
-        for addr, mnem, ops in insns:
-            if start <= addr <= end and scalar_fp(mnem, ops):
-                found.append((start, end, f"{mnem} {ops}"))
+    for loop in innermost_loops(insns):
+        for k in loop:
+            _, mnem, ops = insns[k]
+            if scalar_fp(mnem, ops):
+                found.append((insns[loop[0]][0], insns[loop[-1]][0], f"{mnem} {ops}"))
                 break
     return found
 

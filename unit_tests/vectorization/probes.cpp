@@ -11,7 +11,9 @@
 namespace {
 
 using vpce::impl::HostInner;
+using vpce::impl::RowPtr;
 using vpce::impl::Source;
+using vpce::impl::Store;
 using vpce::impl::Write;
 using Host = Kokkos::HostSpace;
 
@@ -36,8 +38,8 @@ using ChunkMax = Kokkos::View<T**, Kokkos::LayoutRight, Host>;
 // Statistics of one row: max and exp-and-sum loops, with the exps stored into y when y is set (G == T).
 template <class S, class T, bool Capped>
 void stats(const S* x, const std::int64_t* targets, Stats<T>* out, T* y, T* chunk_max) {
-  vpce::impl::LocalStats<S, T, Host, Capped> f{args<S, T>(x, targets), Kokkos::View<Stats<T>*, Host>(out, 1), y, width,
-                                               ChunkMax<T>(chunk_max, 1, 2)};
+  const vpce::impl::LocalStats<S, T, Host, Capped> f(args<S, T>(x, targets), Kokkos::View<Stats<T>*, Host>(out, 1),
+                                                     RowPtr<T>{y, width, 0}, ChunkMax<T>(chunk_max, 1, 2));
   f.row(HostInner{}, 0);
 }
 
@@ -46,21 +48,12 @@ void stats(const S* x, const std::int64_t* targets, Stats<T>* out, T* y, T* chun
 template <class S, class T, class G, Write What, Source From, bool Capped, bool Stream = false>
 void finalize(const S* x, const std::int64_t* targets, const Stats<T>* stats, T* loss, T* lse, G* y, const T* chunk_max,
               T* stash_target, const T* e) {
-  vpce::impl::Finalize<S, T, G, Host, What, From, Capped> f{
-      args<S, T>(x, targets),
-      Kokkos::View<const Stats<T>*, Host>(stats, 1),
-      Kokkos::View<T*, Host>(loss, 1),
-      Kokkos::View<T*, Host>(lse, 1),
-      y,
-      width,
-      vpce::impl::GradScale<T, Host>{{}, T(1)},
-      Kokkos::View<const T**, Kokkos::LayoutRight, Host>(chunk_max, 1, 2),
-      Kokkos::View<T*, Host>(stash_target, 1),
-      true,
-      e,
-      width,
-      0,
-      Stream};
+  const vpce::impl::Finalize<S, T, G, Host, What, From, Capped> f(
+      args<S, T>(x, targets), Kokkos::View<const Stats<T>*, Host>(stats, 1),
+      vpce::impl::LossOut<T, Host>{Kokkos::View<T*, Host>(loss, 1), Kokkos::View<T*, Host>(lse, 1)},
+      RowPtr<G>{y, width, 0}, vpce::impl::GradScale<T, Host>{{}, T(1)}, Kokkos::View<T*, Host>(stash_target, 1),
+      vpce::impl::StoredExps<T, Host>{{e, width, 0}, Kokkos::View<const T**, Kokkos::LayoutRight, Host>(chunk_max, 1, 2)},
+      Stream ? Store::streaming : Store::plain);
   f.row(HostInner{}, 0);
 }
 
@@ -68,19 +61,16 @@ void finalize(const S* x, const std::int64_t* targets, const Stats<T>* stats, T*
 template <class S, class T, bool Capped>
 void seed(const S* x, const std::int64_t* targets, T* out) {
   Kokkos::View<T**, Kokkos::LayoutLeft, Host> o(out, 1, 4);
-  vpce::impl::LocalMax<S, T, Host, Capped>{args<S, T>(x, targets), o}.row(HostInner{}, 0);
-  vpce::impl::LocalSumGather<S, T, Host, Capped>{args<S, T>(x, targets), o}.row(HostInner{}, 0);
+  vpce::impl::LocalMax<S, T, Host, Capped>(args<S, T>(x, targets), o).row(HostInner{}, 0);
+  vpce::impl::LocalSumGather<S, T, Host, Capped>(args<S, T>(x, targets), o).row(HostInner{}, 0);
 }
 
 // backward() from the stash.
 template <class T, class G, bool Stream = false>
 void from_stash(const T* q, const std::int64_t* targets, const T* stash_target, G* y) {
-  vpce::impl::BackwardFromStash<T, G, Host> f{args<T, T>(q, targets),
-                                              Kokkos::View<const T*, Host>(stash_target, 1),
-                                              y,
-                                              width,
-                                              vpce::impl::GradScale<T, Host>{{}, T(1)},
-                                              Stream};
+  const vpce::impl::BackwardFromStash<T, G, Host> f(args<T, T>(q, targets), Kokkos::View<const T*, Host>(stash_target, 1),
+                                                    RowPtr<G>{y, width, 0}, vpce::impl::GradScale<T, Host>{{}, T(1)},
+                                                    Stream ? Store::streaming : Store::plain);
   f.row(HostInner{}, 0);
 }
 

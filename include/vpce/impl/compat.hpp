@@ -50,16 +50,4 @@ template <class ExecSpace>
 inline constexpr bool is_host_space_v =
     Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
 
-/// Where per-row records are staged for MPI: the View itself when its memory is host-accessible, else
-/// pinned host memory (CUDA) so that the copies are fast.
-template <class MemSpace>
-using staging_space_t =
-    std::conditional_t<Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible, Kokkos::HostSpace,
-#if defined(KOKKOS_ENABLE_CUDA)
-                       Kokkos::CudaHostPinnedSpace
-#else
-                       Kokkos::HostSpace
-#endif
-                       >;
-
 }  // namespace vpce::impl

@@ -12,9 +12,11 @@
 #include <limits>
 
 #include "vpce/half.hpp"
+#include "vpce/impl/call.hpp"
 #include "vpce/impl/compat.hpp"
 #include "vpce/impl/math.hpp"
 #include "vpce/impl/row_stats.hpp"
+#include "vpce/impl/status.hpp"
 #include "vpce/impl/stream.hpp"
 
 #if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__) || defined(__SYCL_DEVICE_ONLY__)
@@ -31,6 +33,55 @@ namespace vpce::impl {
 // ---------------------------------------------------------------------------------------------------------
 // Inner policies
 
+/// x if x is NaN, else 0: summed over a slice whose max is -inf, it turns a hidden NaN into a NaN sum.
+template <class T>
+KOKKOS_FORCEINLINE_FUNCTION T nan_or_zero(T x) {
+  return select(x != x, x, T(0));
+}
+
+/// Columns per chunk of the host's one-pass statistics: 16 KiB of floats, so the chunk is still in L1 for
+/// its exp loop. (512 columns measured slower: per-chunk reductions; a whole row no faster.)
+inline constexpr std::int64_t chunk_cols = 4096;
+KOKKOS_INLINE_FUNCTION std::int64_t num_chunks(std::int64_t n) { return (n + chunk_cols - 1) / chunk_cols; }
+
+/// The statistics of a row or a slice of it: m = max x, s = sum exp(x - m) (an element of -inf adds
+/// nothing, a NaN makes s NaN), zmax = the max of the raw logits (+inf is caught there even when the
+/// softcap makes x finite), sx = the sum of x. add() and join() are the online form (a device's threads).
+template <class T>
+struct OnlineStats {
+  T m, s, zmax, sx;
+  /// Adds column value x (raw logit z).
+  KOKKOS_INLINE_FUNCTION void add(T z, T x) {
+    const RowStats<T> r =
+        merge(RowStats<T>{m, s, T(0), T(0)}, RowStats<T>{x, x == neg_inf<T>() ? T(0) : T(1), T(0), T(0)});
+    m = r.m;
+    s = r.s;
+    zmax = z > zmax ? z : zmax;
+    sx += x;
+  }
+  KOKKOS_INLINE_FUNCTION void join(T m2, T s2, T zmax2, T sx2) {
+    const RowStats<T> r = merge(RowStats<T>{m, s, T(0), T(0)}, RowStats<T>{m2, s2, T(0), T(0)});
+    m = r.m;
+    s = r.s;
+    zmax = zmax2 > zmax ? zmax2 : zmax;
+    sx += sx2;
+  }
+};
+
+/// Rows of a matrix a kernel writes or reads: row i at data + (i - row0) * ld.
+template <class U>
+struct RowPtr {
+  U* data = nullptr;
+  std::int64_t ld = 0;
+  std::int64_t row0 = 0;
+  KOKKOS_INLINE_FUNCTION U* row(std::int64_t i) const { return data + (i - row0) * ld; }
+};
+
+/// How a host kernel writes its output rows (Inner::store): plain stores, or formed in a buffer on the
+/// stack and written with streaming stores (stream.hpp). A device always writes plain stores.
+enum class Store { plain, streaming };
+
+/// The host's policy: a row is one thread's vectorised loops.
 struct HostInner {
   template <class T, class F>
   KOKKOS_FORCEINLINE_FUNCTION T max(std::int64_t n, const F& f) const {
@@ -96,12 +147,12 @@ struct HostInner {
     VPCE_SIMD
     for (std::int64_t j = 0; j < n; ++j) f(j);
   }
-  /// y[j] = v(j) (a G) for j in [0, n), then y[c] = fix if 0 <= c < n. With `stream` each piece of the row
-  /// is formed in a buffer on the thread's stack (in L1) and copied out with streaming stores: the row is
-  /// written once and never read (stream.hpp).
+  /// y[j] = v(j) (a G) for j in [0, n), then y[c] = fix if 0 <= c < n. Store::streaming: each piece of the
+  /// row is formed in a buffer on the thread's stack (in L1) and copied out with streaming stores: the row
+  /// is written once and never read (stream.hpp).
   template <class G, class F>
-  KOKKOS_FORCEINLINE_FUNCTION void store(std::int64_t n, G* y, const F& v, std::int64_t c, G fix, bool stream) const {
-    if (!stream) {
+  KOKKOS_FORCEINLINE_FUNCTION void store(std::int64_t n, G* y, const F& v, std::int64_t c, G fix, Store how) const {
+    if (how == Store::plain) {
       for_each(n, [&](std::int64_t j) { y[j] = v(j); });
       if (c >= 0 && c < n) y[c] = fix;
       return;
@@ -121,6 +172,83 @@ struct HostInner {
     f();
   }
   KOKKOS_FORCEINLINE_FUNCTION void barrier() const {}
+
+  /// The statistics of a row of n columns, reading it ONCE from memory, chunk by chunk (online softmax): per
+  /// chunk, one pass against the running max m computes the chunk's exps (summed, maybe stored) and its max
+  /// together, so that the loads overlap the exp; if the max grew, the sum is rescaled; by more than e^80
+  /// (the exps might overflow) the chunk is done again in two passes (its max, then its exps, from L1).
+  /// z(j): the raw logit of column j in T; x(z): the transform (increasing, so the max of x is x of the max
+  /// of z); with `sum_x`, also the sum of x. With `exps` (a row of n), stores e_j = exp(x_j - m_c) there,
+  /// m_c being the running max when chunk c was stored, given to chunk_max(c, m_c): Finalize then only
+  /// rescales, one exp per element.
+  template <class T, class Z, class X, class ChunkMax>
+  KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online_stats(std::int64_t n, const Z& z, const X& x, bool sum_x, T* exps,
+                                                          const ChunkMax& chunk_max) const {
+    T zmax = neg_inf<T>(), m = neg_inf<T>(), sx = 0;
+    double acc = 0;
+    for (std::int64_t j0 = 0; j0 < n; j0 += chunk_cols) {
+      const std::int64_t len = j0 + chunk_cols < n ? chunk_cols : n - j0;
+      auto zc = [&](std::int64_t j) { return z(j0 + j); };
+      T* yc = exps == nullptr ? nullptr : exps + j0;
+      if (sum_x) sx += sum<T>(len, [&](std::int64_t j) { return x(zc(j)); });
+      if (m != neg_inf<T>()) {
+        T cz;
+        const T sc = exp_sum_max(len, zc, x, yc, m, &cz);
+        const T m_new = cz > zmax ? x(cz) : m;
+        if (m_new - m <= T(80)) {
+          if (yc != nullptr) chunk_max(j0 / chunk_cols, m);  // what the stored exps are relative to
+          acc = (acc + double(sc)) * double(fast_exp(m - m_new));
+          zmax = cz > zmax ? cz : zmax;
+          m = m_new;
+          continue;
+        }
+      }
+      const T cz = max<T>(len, zc);
+      if (cz > zmax) {
+        const T m_new = x(cz);
+        // While m was -inf, acc is 0 (or NaN from a NaN among the -inf): it stays as it is.
+        if (m != neg_inf<T>()) acc *= double(fast_exp(m - m_new));
+        m = m_new;
+        zmax = cz;
+      }
+      acc += double(exp_sum(len, zc, x, yc, m));
+      if (yc != nullptr) chunk_max(j0 / chunk_cols, m);
+    }
+    return {m, T(acc), zmax, sx};
+  }
+
+ private:
+  /// sum_j exp(x_j - m) over len columns, storing each term in y if set. With m = -inf (every logit -inf or
+  /// NaN) the sum is 0 -- or NaN if a NaN hides among them -- and y gets zeros.
+  template <class T, class Z, class X>
+  KOKKOS_INLINE_FUNCTION T exp_sum(std::int64_t len, const Z& z, const X& x, T* y, T m) const {
+    if (m == neg_inf<T>()) {
+      if (y == nullptr) return sum<T>(len, [&](std::int64_t j) { return nan_or_zero(z(j)); });
+      return sum<T>(len, [&](std::int64_t j) {
+        y[j] = T(0);
+        return nan_or_zero(z(j));
+      });
+    }
+    if (y == nullptr) return sum<T>(len, [&](std::int64_t j) { return fast_exp(x(z(j)) - m); });
+    return sum<T>(len, [&](std::int64_t j) {
+      const T e = fast_exp(x(z(j)) - m);
+      y[j] = e;
+      return e;
+    });
+  }
+  /// The same for a finite m, and *cz = the max of z over the same columns, in the same pass (sum_max).
+  template <class T, class Z, class X>
+  KOKKOS_INLINE_FUNCTION T exp_sum_max(std::int64_t len, const Z& z, const X& x, T* y, T m, T* cz) const {
+    if (y == nullptr) return sum_max<T>(len, [&](std::int64_t j) { return fast_exp(x(z(j)) - m); }, z, cz);
+    return sum_max<T>(
+        len,
+        [&](std::int64_t j) {
+          const T e = fast_exp(x(z(j)) - m);
+          y[j] = e;
+          return e;
+        },
+        z, cz);
+  }
 };
 
 /// Max reducer whose identity is -inf (Kokkos::Max starts from the lowest finite value, which would hide
@@ -138,30 +266,6 @@ struct MaxOrNegInf {
   KOKKOS_INLINE_FUNCTION T& reference() const { return value; }
   KOKKOS_INLINE_FUNCTION result_view_type view() const { return result_view_type(&value); }
   KOKKOS_INLINE_FUNCTION bool references_scalar() const { return true; }
-};
-
-/// The one-pass statistics of a slice on a device: m = max x, s = sum exp(x - m) (online: an element of
-/// -inf adds nothing, a NaN makes s NaN), zmax = the max of the raw logits (+inf is caught there even
-/// when the softcap makes x finite), sx = the sum of x.
-template <class T>
-struct OnlineStats {
-  T m, s, zmax, sx;
-  /// Adds column value x (raw logit z).
-  KOKKOS_INLINE_FUNCTION void add(T z, T x) {
-    const RowStats<T> r =
-        merge(RowStats<T>{m, s, T(0), T(0)}, RowStats<T>{x, x == neg_inf<T>() ? T(0) : T(1), T(0), T(0)});
-    m = r.m;
-    s = r.s;
-    zmax = z > zmax ? z : zmax;
-    sx += x;
-  }
-  KOKKOS_INLINE_FUNCTION void join(T m2, T s2, T zmax2, T sx2) {
-    const RowStats<T> r = merge(RowStats<T>{m, s, T(0), T(0)}, RowStats<T>{m2, s2, T(0), T(0)});
-    m = r.m;
-    s = r.s;
-    zmax = zmax2 > zmax ? zmax2 : zmax;
-    sx += sx2;
-  }
 };
 
 /// Reducer of OnlineStats across a team: the same (m, s) merge as the collective's (row_stats.hpp).
@@ -195,6 +299,7 @@ struct OnlineReducer {
   KOKKOS_INLINE_FUNCTION bool references_scalar() const { return true; }
 };
 
+/// A device's policy: a row is one team, its threads across the vocabulary (coalesced loads).
 template <class Member>
 struct TeamInner {
   const Member& member;
@@ -230,7 +335,7 @@ struct TeamInner {
   }
   /// y[j] = v(j) for j in [0, n), then y[c] = fix if 0 <= c < n (plain stores: a device writes whole lines).
   template <class G, class F>
-  KOKKOS_FORCEINLINE_FUNCTION void store(std::int64_t n, G* y, const F& v, std::int64_t c, G fix, bool) const {
+  KOKKOS_FORCEINLINE_FUNCTION void store(std::int64_t n, G* y, const F& v, std::int64_t c, G fix, Store) const {
     for_each(n, [&](std::int64_t j) { y[j] = v(j); });
     barrier();
     if (c >= 0 && c < n) single([&]() { y[c] = fix; });
@@ -240,6 +345,18 @@ struct TeamInner {
     Kokkos::single(Kokkos::PerTeam(member), f);
   }
   KOKKOS_FORCEINLINE_FUNCTION void barrier() const { member.team_barrier(); }
+
+  /// The statistics of a row (HostInner::online_stats's contract) in one read: each thread keeps a running
+  /// (m, s) over its columns, merged across the team. No exps are stored (exps and chunk_max are not used):
+  /// Finalize recomputes them from the logits, which keeps the device's pass count at 2 reads + 1 write.
+  template <class T, class Z, class X, class ChunkMax>
+  KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online_stats(std::int64_t n, const Z& z, const X& x, bool /*sum_x*/,
+                                                          T* /*exps*/, const ChunkMax& /*chunk_max*/) const {
+    return online<T>(n, [&](std::int64_t j, OnlineStats<T>& l) {
+      const T zj = z(j);
+      l.add(zj, x(zj));
+    });
+  }
 };
 
 /// Runs `functor.row(inner, i)` for rows i in [row0, row1): a vectorised loop per row on the host, a team
@@ -331,190 +448,107 @@ struct KernelArgs {
   KOKKOS_INLINE_FUNCTION bool valid(std::int64_t i) const { return targets(i) != p.ignore_index; }
 };
 
-/// x if x is NaN, else 0: summed over a slice whose max is -inf, it turns a hidden NaN into a NaN sum.
-template <class T>
-KOKKOS_FORCEINLINE_FUNCTION T nan_or_zero(T x) {
-  return select(x != x, x, T(0));
-}
+/// The records a statistics kernel writes (one per row) and Finalize reads (the merged ones).
+template <class T, class MemSpace>
+using records_view = Kokkos::View<RowStats<T>*, MemSpace>;
+/// Per row and chunk of the host's stored exps: the max they are relative to (N x num_chunks(V_local)).
+template <class T, class MemSpace>
+using chunk_max_view = Kokkos::View<T**, Kokkos::LayoutRight, MemSpace>;
+/// The seed strategy's per-row statistics: N x 4 (max, sum, target logit, logit sum), a column per collective.
+template <class T, class MemSpace>
+using seed_stats_view = Kokkos::View<T**, Kokkos::LayoutLeft, MemSpace>;
 
-/// Columns per chunk of the host's one-pass statistics: 16 KiB of floats, so the chunk is still in L1 for
-/// its exp loop. (512 columns measured slower: per-chunk reductions; a whole row no faster.)
-inline constexpr std::int64_t chunk_cols = 4096;
-KOKKOS_INLINE_FUNCTION std::int64_t num_chunks(std::int64_t n) { return (n + chunk_cols - 1) / chunk_cols; }
-
-/// Local (m, s, t, a) of each row. The transforms are increasing, so the max of x is the transformed max
-/// of the raw logits.
-///
-/// On the host the row is read ONCE from memory, chunk by chunk (online softmax): a max loop over the
-/// chunk (in L1), then its exp loop against the running max, rescaling the running sum when the max
-/// grows. On a device: a max loop over the row, then an exp loop (threads across the row). With `y` set,
-/// the host's exp loop also stores e_j = exp(x_j - m_c) there (a scratch that stays in cache), m_c being the
-/// running max when chunk c was stored, kept in `chunk_max(i, c)`, so that Finalize only rescales: one exp
-/// per element and one read of the logits. A device stores none (y unused).
+/// Local (m, s, t, a) of each row (row_stats.hpp), a NaN/+inf row marked (status.hpp), from one read of the
+/// row: the inner policy's online_stats (the host's, chunk by chunk, can also store the exps).
 template <class S, class T, class MemSpace, bool Capped>
-struct LocalStats {
-  KernelArgs<S, T, MemSpace> a;
-  Kokkos::View<RowStats<T>*, MemSpace> out;
-  T* y = nullptr;  ///< where the exps go: row i at y + (i - y_row0) * ld_y
-  std::int64_t ld_y = 0;
-  Kokkos::View<T**, Kokkos::LayoutRight, MemSpace> chunk_max;  ///< N x num_chunks(n), with y only
-  std::int64_t y_row0 = 0;
+class LocalStats {
+  static_assert(std::is_same_v<T, compute_type_t<S>>, "T is the compute type of S");
 
-  /// sum_j exp(x_j - m) over len columns, storing each term in y if set. With m = -inf (every logit -inf
-  /// or NaN) the sum is 0 -- or NaN if a NaN hides among them -- and y gets zeros.
-  template <class Inner>
-  KOKKOS_INLINE_FUNCTION T exp_sum(const Inner& in, std::int64_t len, const S* x, T* y, T m) const {
-    const Params<T>& p = a.p;
-    if (m == neg_inf<T>()) {
-      if (y == nullptr) return in.template sum<T>(len, [&](std::int64_t j) { return nan_or_zero(to_compute(x[j])); });
-      return in.template sum<T>(len, [&](std::int64_t j) {
-        y[j] = T(0);
-        return nan_or_zero(to_compute(x[j]));
-      });
-    }
-    if (y == nullptr)
-      return in.template sum<T>(
-          len, [&](std::int64_t j) { return fast_exp(p.template transform<Capped>(to_compute(x[j])) - m); });
-    return in.template sum<T>(len, [&](std::int64_t j) {
-      const T e = fast_exp(p.template transform<Capped>(to_compute(x[j])) - m);
-      y[j] = e;
-      return e;
-    });
-  }
-
-  /// sum_j exp(x_j - m) over len columns (m finite), storing each term in y if set, and *cz = the max of the
-  /// raw logits, in one pass (HostInner::sum_max).
-  KOKKOS_INLINE_FUNCTION T exp_sum_max(const HostInner& in, std::int64_t len, const S* x, T* y, T m, T* cz) const {
-    const Params<T>& p = a.p;
-    auto z = [&](std::int64_t j) { return to_compute(x[j]); };
-    if (y == nullptr)
-      return in.template sum_max<T>(
-          len, [&](std::int64_t j) { return fast_exp(p.template transform<Capped>(to_compute(x[j])) - m); }, z, cz);
-    return in.template sum_max<T>(
-        len,
-        [&](std::int64_t j) {
-          const T e = fast_exp(p.template transform<Capped>(to_compute(x[j])) - m);
-          y[j] = e;
-          return e;
-        },
-        z, cz);
-  }
+ public:
+  /// Statistics only.
+  LocalStats(const KernelArgs<S, T, MemSpace>& args, const records_view<T, MemSpace>& out) : m_a(args), m_out(out) {}
+  /// Statistics, and (on the host) the exps of row i stored at exps.row(i), with chunk_max(i, c) the max that
+  /// chunk c's exps are relative to.
+  LocalStats(const KernelArgs<S, T, MemSpace>& args, const records_view<T, MemSpace>& out, const RowPtr<T>& exps,
+             const chunk_max_view<T, MemSpace>& chunk_max)
+      : m_a(args), m_out(out), m_exps(exps), m_chunk_max(chunk_max) {}
 
   template <class Inner>
   KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t i) const {
-    const S* x = a.x + i * a.ld_x;
-    T* yr = y == nullptr ? nullptr : y + (i - y_row0) * ld_y;
-    const Params<T>& p = a.p;
-    const std::int64_t c = a.local_target(i);
+    const S* x = m_a.x + i * m_a.ld_x;
+    const Params<T>& p = m_a.p;
+    const std::int64_t c = m_a.local_target(i);
     const T t = c >= 0 ? p.template transform<Capped>(to_compute(x[c])) : T(0);
-    // With label smoothing, the sum of x: chunk by chunk on the host, in the one-pass statistics on a device.
-    auto sum_of_x = [&](std::int64_t len, const S* xs) {
-      return in.template sum<T>(len, [&](std::int64_t j) { return p.template transform<Capped>(to_compute(xs[j])); });
-    };
-    T sum_x = 0;
-    T zmax, m, s;
-    if constexpr (std::is_same_v<Inner, HostInner>) {
-      zmax = neg_inf<T>();
-      m = neg_inf<T>();
-      double acc = 0;
-      for (std::int64_t j0 = 0; j0 < a.n; j0 += chunk_cols) {
-        const std::int64_t len = j0 + chunk_cols < a.n ? chunk_cols : a.n - j0;
-        const S* xc = x + j0;
-        T* yc = yr == nullptr ? nullptr : yr + j0;
-        if (p.alpha > T(0)) sum_x += sum_of_x(len, xc);
-        if (m != neg_inf<T>()) {
-          // One pass against the running max m: the chunk's exps (summed, maybe stored) and its max together,
-          // so that the loads from memory overlap the exp. If the max grew, the sum is rescaled; by more than
-          // e^80 (the exps might overflow) the chunk is done again in two passes below.
-          T cz;
-          const T sc = exp_sum_max(in, len, xc, yc, m, &cz);
-          const T m_new = cz > zmax ? p.template transform<Capped>(cz) : m;
-          if (m_new - m <= T(80)) {
-            if (yc != nullptr) chunk_max(i, j0 / chunk_cols) = m;  // what the stored exps are relative to
-            acc = (acc + double(sc)) * double(fast_exp(m - m_new));
-            zmax = cz > zmax ? cz : zmax;
-            m = m_new;
-            continue;
-          }
-        }
-        // Two passes: the chunk's max (from memory), then its exps against it (from L1).
-        const T cz = in.template max<T>(len, [&](std::int64_t j) { return to_compute(xc[j]); });
-        if (cz > zmax) {
-          const T m_new = p.template transform<Capped>(cz);
-          // While m was -inf, acc is 0 (or NaN from a NaN among the -inf): it stays as it is.
-          if (m != neg_inf<T>()) acc *= double(fast_exp(m - m_new));
-          m = m_new;
-          zmax = cz;
-        }
-        acc += double(exp_sum(in, len, xc, yc, m));
-        if (yc != nullptr) chunk_max(i, j0 / chunk_cols) = m;
-      }
-      s = T(acc);
-    } else {
-      // One read of the row: each thread's running (m, s) over its columns, merged across the team. No
-      // exps are stored (y is not used): Finalize recomputes them from the logits.
-      const OnlineStats<T> o = in.template online<T>(a.n, [&](std::int64_t j, OnlineStats<T>& l) {
-        const T z = to_compute(x[j]);
-        l.add(z, p.template transform<Capped>(z));
-      });
-      zmax = o.zmax;
-      m = o.m;
-      s = o.s;
-      if (p.alpha > T(0)) sum_x = o.sx;
-    }
-    // +inf in the row (even when the softcap makes it finite) is marked like NaN: s = NaN.
-    if (zmax == -neg_inf<T>()) s = zmax - zmax;
-    in.single([&]() {
-      RowStats<T> r{m, s, t, sum_x};
-      if (!(s == s)) r.m = 0;  // NaN or +inf in the row: keep m finite for the merge
-      out(i) = r;
-    });
+    const bool smoothing = p.alpha > T(0);
+    const OnlineStats<T> o = in.template online_stats<T>(
+        m_a.n, [&](std::int64_t j) { return to_compute(x[j]); },
+        [&](T z) { return p.template transform<Capped>(z); }, smoothing,
+        m_exps.data == nullptr ? nullptr : m_exps.row(i), [&](std::int64_t chunk, T m) { m_chunk_max(i, chunk) = m; });
+    const RowStats<T> r = mark_row(o.m, o.s, t, smoothing ? o.sx : T(0), o.zmax);
+    in.single([&]() { m_out(i) = r; });
   }
+
+ private:
+  KernelArgs<S, T, MemSpace> m_a;
+  records_view<T, MemSpace> m_out;
+  RowPtr<T> m_exps;
+  chunk_max_view<T, MemSpace> m_chunk_max;
 };
 
-/// The seed strategy's first pass: the local max only (+inf if the row holds +inf).
+/// The seed strategy's first pass: the local max only (marked +inf if the row holds +inf: status.hpp).
 template <class S, class T, class MemSpace, bool Capped>
-struct LocalMax {
-  KernelArgs<S, T, MemSpace> a;
-  Kokkos::View<T**, Kokkos::LayoutLeft, MemSpace> out;  // N x 4: m, s, t, a
+class LocalMax {
+ public:
+  LocalMax(const KernelArgs<S, T, MemSpace>& args, const seed_stats_view<T, MemSpace>& out) : m_a(args), m_out(out) {}
   template <class Inner>
   KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t i) const {
-    const S* x = a.x + i * a.ld_x;
-    const T zmax = in.template max<T>(a.n, [&](std::int64_t j) { return to_compute(x[j]); });
-    in.single([&]() { out(i, 0) = zmax == -neg_inf<T>() ? zmax : a.p.template transform<Capped>(zmax); });
+    const S* x = m_a.x + i * m_a.ld_x;
+    const T zmax = in.template max<T>(m_a.n, [&](std::int64_t j) { return to_compute(x[j]); });
+    in.single([&]() { m_out(i, 0) = seed_row_max(zmax, m_a.p.template transform<Capped>(zmax)); });
   }
+
+ private:
+  KernelArgs<S, T, MemSpace> m_a;
+  seed_stats_view<T, MemSpace> m_out;
 };
 
-/// The seed strategy's second pass: sum of exp against the GLOBAL max, the target logit, the logit sum.
+/// The seed strategy's second pass: sum of exp against the GLOBAL max (column 0), the target logit, the
+/// logit sum.
 template <class S, class T, class MemSpace, bool Capped>
-struct LocalSumGather {
-  KernelArgs<S, T, MemSpace> a;
-  Kokkos::View<T**, Kokkos::LayoutLeft, MemSpace> out;  // column 0 holds the global max
+class LocalSumGather {
+ public:
+  LocalSumGather(const KernelArgs<S, T, MemSpace>& args, const seed_stats_view<T, MemSpace>& stats)
+      : m_a(args), m_out(stats) {}
   template <class Inner>
   KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t i) const {
-    const S* x = a.x + i * a.ld_x;
-    const Params<T>& p = a.p;
-    const T m = out(i, 0);
+    const S* x = m_a.x + i * m_a.ld_x;
+    const Params<T>& p = m_a.p;
+    const T m = m_out(i, 0);
     T s = 0;
-    if (m == -neg_inf<T>()) {
+    if (seed_max_is_marked(m)) {
       s = m - m;  // +inf somewhere in the row: NaN on every rank
     } else if (m == neg_inf<T>()) {
-      s = in.template sum<T>(a.n, [&](std::int64_t j) { return nan_or_zero(to_compute(x[j])); });
+      s = in.template sum<T>(m_a.n, [&](std::int64_t j) { return nan_or_zero(to_compute(x[j])); });
     } else {
       s = in.template sum<T>(
-          a.n, [&](std::int64_t j) { return fast_exp(p.template transform<Capped>(to_compute(x[j])) - m); });
+          m_a.n, [&](std::int64_t j) { return fast_exp(p.template transform<Capped>(to_compute(x[j])) - m); });
     }
     T sum_x = 0;
     if (p.alpha > T(0))
-      sum_x = in.template sum<T>(a.n, [&](std::int64_t j) { return p.template transform<Capped>(to_compute(x[j])); });
-    const std::int64_t c = a.local_target(i);
+      sum_x =
+          in.template sum<T>(m_a.n, [&](std::int64_t j) { return p.template transform<Capped>(to_compute(x[j])); });
+    const std::int64_t c = m_a.local_target(i);
     in.barrier();
     in.single([&]() {
-      out(i, 1) = s;
-      out(i, 2) = c >= 0 ? p.template transform<Capped>(to_compute(x[c])) : T(0);
-      out(i, 3) = sum_x;
+      m_out(i, 1) = s;
+      m_out(i, 2) = c >= 0 ? p.template transform<Capped>(to_compute(x[c])) : T(0);
+      m_out(i, 3) = sum_x;
     });
   }
+
+ private:
+  KernelArgs<S, T, MemSpace> m_a;
+  seed_stats_view<T, MemSpace> m_out;
 };
 
 /// What the checks of the targets found (one pass over N int64 values).
@@ -574,46 +608,58 @@ struct GradScale {
   KOKKOS_INLINE_FUNCTION T operator()(std::int64_t i) const { return per_row.extent(0) ? per_row(i) : value; }
 };
 
-enum class Write { loss, stash, grad };
 enum class Source { logits, stored_exp };
 
-/// After the collective: loss and lse per row (if `write_loss`), and by `What` the stash or the gradient.
+/// Where Finalize writes the loss and lse of each row; none() for backward(), which writes neither.
+template <class T, class MemSpace>
+struct LossOut {
+  Kokkos::View<T*, MemSpace> loss, lse;
+  bool write = true;
+  static LossOut none() { return {{}, {}, false}; }
+};
+
+/// The host's stored exps (Source::stored_exp): row i's at exps.row(i), chunk c relative to chunk_max(i, c).
+template <class T, class MemSpace>
+struct StoredExps {
+  RowPtr<const T> exps;
+  Kokkos::View<const T**, Kokkos::LayoutRight, MemSpace> chunk_max;
+};
+
+/// After the collective: loss and lse per row (LossOut), and by `What` the stash or the gradient.
 /// The gradient row is (p_j (1 + 2 zeta lse) - alpha/V - (1 - alpha)[j == target]) * dx_j/dz_j * g_i
 /// (zero for an ignored row). The stash holds the same with g = 1 and without the target term, whose
 /// coefficient (1 - alpha) dx_c/dz_c goes to `stash_target`; backward() then needs only the stash.
-/// Source::logits: p computed from the logits (y may be the logits' own buffer). Source::stored_exp: the
-/// statistics stored exp(x - m_c) per chunk c (no softcap) in a scratch `e` (row i at e + (i - e_row0) * ld_e);
-/// they are rescaled by exp(m_c - lse).
-/// With `stream` (the host) rows are written with streaming stores (Inner::store).
+/// Source::logits: p computed from the logits (y may be the logits' own buffer). Source::stored_exp: from
+/// the exps the statistics stored (no softcap), rescaled by exp(m_c - lse).
 template <class S, class T, class G, class MemSpace, Write What, Source From, bool Capped>
-struct Finalize {
-  KernelArgs<S, T, MemSpace> a;
-  Kokkos::View<const RowStats<T>*, MemSpace> stats;
-  Kokkos::View<T*, MemSpace> loss, lse;
-  G* y = nullptr;  ///< stash or gradient rows
-  std::int64_t ld_y = 0;
-  GradScale<T, MemSpace> g;
-  Kokkos::View<const T**, Kokkos::LayoutRight, MemSpace> chunk_max;
-  Kokkos::View<T*, MemSpace> stash_target;
-  bool write_loss = true;
-  const T* e = nullptr;  ///< Source::stored_exp: the scratch of exps
-  std::int64_t ld_e = 0;
-  std::int64_t e_row0 = 0;
-  bool stream = false;
+class Finalize {
+  static_assert(std::is_same_v<T, compute_type_t<S>>, "T is the compute type of S");
+  static_assert(std::is_same_v<G, T> || std::is_same_v<G, S>, "rows are written in the compute or the logits' type");
+  static_assert(What != Write::stash || std::is_same_v<G, T>, "the stash is kept in the compute type");
+  static_assert(From == Source::logits || !Capped, "stored exps are not used with the softcap");
+
+ public:
+  /// y: the stash or gradient rows (What != Write::loss); stash_target: per row (Write::stash only).
+  Finalize(const KernelArgs<S, T, MemSpace>& args, const Kokkos::View<const RowStats<T>*, MemSpace>& stats,
+           const LossOut<T, MemSpace>& out, const RowPtr<G>& y, const GradScale<T, MemSpace>& g,
+           const Kokkos::View<T*, MemSpace>& stash_target, const StoredExps<T, MemSpace>& stored, Store store)
+      : m_a(args), m_stats(stats), m_out(out), m_y(y), m_g(g), m_stash_target(stash_target), m_stored(stored),
+        m_store(store) {}
+
   template <class Inner>
   KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t i) const {
-    const Params<T>& p = a.p;
-    const RowStats<T> r = stats(i);
+    const Params<T>& p = m_a.p;
+    const RowStats<T> r = m_stats(i);
     const T l = r.m + kmath::log(r.s);
-    const bool valid = a.valid(i);
+    const bool valid = m_a.valid(i);
     if constexpr (What != Write::loss) {
-      G* yr = y + i * ld_y;
-      const S* x = a.x + i * a.ld_x;
-      const T gi = What == Write::stash ? T(1) : (valid ? g(i) : T(0));
+      G* yr = m_y.row(i);
+      const S* x = m_a.x + i * m_a.ld_x;
+      const T gi = What == Write::stash ? T(1) : (valid ? m_g(i) : T(0));
       const T kp = gi * (T(1) + T(2) * p.zeta * l);  // coefficient of p_j
       const T ka = gi * p.alpha * p.inv_vocab;       // smoothing term, every column
       const T kt = gi * (T(1) - p.alpha);            // target term
-      const std::int64_t c = a.local_target(i);
+      const std::int64_t c = m_a.local_target(i);
       // The target's x and dx/dz, read before the row (which may alias the logits) is overwritten.
       const T xc = c >= 0 ? p.template transform<Capped>(to_compute(x[c])) : T(0);
       const T chain_c = c >= 0 ? p.template chain<Capped>(xc) : T(0);
@@ -622,38 +668,50 @@ struct Finalize {
       in.barrier();
       if (What == Write::grad && !valid) {
         in.store(
-            a.n, yr, [&](std::int64_t) { return G(T(0)); }, -1, G(T(0)), stream);
+            m_a.n, yr, [&](std::int64_t) { return G(T(0)); }, -1, G(T(0)), m_store);
       } else if constexpr (From == Source::stored_exp) {
         const T k0 = ka * p.scale;
-        const T* er = e + (i - e_row0) * ld_e;
-        auto factor = [&](std::int64_t j) { return fast_exp(chunk_max(i, j / chunk_cols) - l) * kp * p.scale; };
+        const T* er = m_stored.exps.row(i);
+        auto factor = [&](std::int64_t j) {
+          return fast_exp(m_stored.chunk_max(i, j / chunk_cols) - l) * kp * p.scale;
+        };
         const G fix = G(fix_at >= 0 ? er[c] * factor(c) - k0 - kt * chain_c : T(0));
-        for (std::int64_t j0 = 0; j0 < a.n; j0 += chunk_cols) {
-          const std::int64_t len = j0 + chunk_cols < a.n ? chunk_cols : a.n - j0;
+        for (std::int64_t j0 = 0; j0 < m_a.n; j0 += chunk_cols) {
+          const std::int64_t len = j0 + chunk_cols < m_a.n ? chunk_cols : m_a.n - j0;
           const T f = factor(j0);
           const T* ec = er + j0;
           in.store(
-              len, yr + j0, [&](std::int64_t j) { return G(ec[j] * f - k0); }, fix_at - j0, fix, stream);
+              len, yr + j0, [&](std::int64_t j) { return G(ec[j] * f - k0); }, fix_at - j0, fix, m_store);
         }
       } else {
         const G fix = G(((fast_exp(xc - l) * kp - ka) - kt) * chain_c);
         in.store(
-            a.n, yr,
+            m_a.n, yr,
             [&](std::int64_t j) {
               const T xj = p.template transform<Capped>(to_compute(x[j]));
               return G((fast_exp(xj - l) * kp - ka) * p.template chain<Capped>(xj));
             },
-            fix_at, fix, stream);
+            fix_at, fix, m_store);
       }
-      if constexpr (What == Write::stash) in.single([&]() { stash_target(i) = kt * chain_c; });
+      if constexpr (What == Write::stash) in.single([&]() { m_stash_target(i) = kt * chain_c; });
     }
-    if (write_loss) {
+    if (m_out.write) {
       in.single([&]() {
-        lse(i) = l;
-        loss(i) = valid ? l - (T(1) - p.alpha) * r.t - p.alpha * p.inv_vocab * r.a + p.zeta * l * l : T(0);
+        m_out.lse(i) = l;
+        m_out.loss(i) = valid ? l - (T(1) - p.alpha) * r.t - p.alpha * p.inv_vocab * r.a + p.zeta * l * l : T(0);
       });
     }
   }
+
+ private:
+  KernelArgs<S, T, MemSpace> m_a;
+  Kokkos::View<const RowStats<T>*, MemSpace> m_stats;
+  LossOut<T, MemSpace> m_out;
+  RowPtr<G> m_y;
+  GradScale<T, MemSpace> m_g;
+  Kokkos::View<T*, MemSpace> m_stash_target;
+  StoredExps<T, MemSpace> m_stored;
+  Store m_store;
 };
 
 /// y(i, j) = value for rows [0, rows) and columns [0, cols) (row stride ld): poisons outputs after an error.
@@ -671,24 +729,30 @@ void fill_rows(const char* label, const ExecSpace& exec, G* y, std::int64_t ld, 
 
 /// backward() from the stash: y_j = (q_j - [j == target] * stash_target_i) * g_i, zero for ignored rows.
 template <class T, class G, class MemSpace>
-struct BackwardFromStash {
-  KernelArgs<T, T, MemSpace> a;  ///< x: the stash
-  Kokkos::View<const T*, MemSpace> stash_target;
-  G* y = nullptr;
-  std::int64_t ld_y = 0;
-  GradScale<T, MemSpace> g;
-  bool stream = false;  ///< streaming stores (the host; Inner::store)
+class BackwardFromStash {
+ public:
+  /// args.x: the stash.
+  BackwardFromStash(const KernelArgs<T, T, MemSpace>& args, const Kokkos::View<const T*, MemSpace>& stash_target,
+                    const RowPtr<G>& y, const GradScale<T, MemSpace>& g, Store store)
+      : m_a(args), m_stash_target(stash_target), m_y(y), m_g(g), m_store(store) {}
   template <class Inner>
   KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t i) const {
-    const T* q = a.x + i * a.ld_x;
-    G* yr = y + i * ld_y;
-    const T gi = a.valid(i) ? g(i) : T(0);
-    const std::int64_t c = a.local_target(i);
+    const T* q = m_a.x + i * m_a.ld_x;
+    G* yr = m_y.row(i);
+    const T gi = m_a.valid(i) ? m_g(i) : T(0);
+    const std::int64_t c = m_a.local_target(i);
     const std::int64_t fix_at = c >= 0 && gi != T(0) ? c : -1;
-    const G fix = G(fix_at >= 0 ? (q[c] - stash_target(i)) * gi : T(0));
+    const G fix = G(fix_at >= 0 ? (q[c] - m_stash_target(i)) * gi : T(0));
     in.store(
-        a.n, yr, [&](std::int64_t j) { return G(q[j] * gi); }, fix_at, fix, stream);
+        m_a.n, yr, [&](std::int64_t j) { return G(q[j] * gi); }, fix_at, fix, m_store);
   }
+
+ private:
+  KernelArgs<T, T, MemSpace> m_a;
+  Kokkos::View<const T*, MemSpace> m_stash_target;
+  RowPtr<G> m_y;
+  GradScale<T, MemSpace> m_g;
+  Store m_store;
 };
 
 }  // namespace vpce::impl

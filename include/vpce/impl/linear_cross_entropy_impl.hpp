@@ -1,6 +1,7 @@
 #pragma once
 /// \file linear_cross_entropy_impl.hpp
-/// \brief Definitions of vpce::LinearCrossEntropy (included by linear_cross_entropy.hpp).
+/// \brief Definitions of vpce::LinearCrossEntropy (included by vpce/definitions.hpp and by the library's
+/// explicit instantiations).
 ///
 /// Per chunk of rows [r0, r1): logits = hidden[r0:r1] W_r^T (gemm) -> CrossEntropy::loss_and_grad in
 /// place (one collective) -> grad_W_r (+)= dlogits^T hidden[r0:r1], grad_hidden[r0:r1] = dlogits W_r
@@ -19,8 +20,9 @@
 #include <string>
 
 #include "vpce/error.hpp"
-#include "vpce/impl/collective.hpp"
 #include "vpce/impl/compat.hpp"
+#include "vpce/impl/cross_entropy_impl.hpp"
+#include "vpce/impl/staging.hpp"
 #include "vpce/linear_cross_entropy.hpp"
 
 namespace vpce {
@@ -69,8 +71,7 @@ LinearCrossEntropy<Scalar, ExecSpace>::LinearCrossEntropy(const Communicator& co
     err = "LinearOptions: chunk_rows must be >= 0, and chunk_bytes >= 1 when chunk_rows is 0";
   }
   // The rows of a chunk come from the widest slice over the ranks, so every rank computes the same value.
-  std::int64_t widest = 1;
-  for (auto s : m_part.sizes()) widest = std::max(widest, s);
+  const std::int64_t widest = std::max<std::int64_t>(1, m_part.max_local_size());
   m_chunk_rows = linear.chunk_rows > 0 ? linear.chunk_rows
                                        : std::max<std::int64_t>(1, linear.chunk_bytes / (widest * std::int64_t(sizeof(Scalar))));
   m_comm.agree_or_throw(err, {{"the hidden size", hidden_size},
@@ -137,7 +138,7 @@ void LinearCrossEntropy<Scalar, ExecSpace>::forward(const matrix_view& hidden, c
                                                     const targets_view& targets, const loss_view& loss) {
   m_have_forward = false;
   check_call(hidden, weight, targets, loss, nullptr, nullptr, nullptr);
-  run(hidden, weight, targets, loss, What::loss, nullptr, nullptr, nullptr, Scalar(1), false);
+  run(hidden, weight, targets, loss, impl::Write::loss, nullptr, nullptr, nullptr, Scalar(1), false);
   m_saved_hidden = hidden;
   m_saved_weight = weight;
   m_saved_targets = targets;
@@ -148,26 +149,27 @@ template <class Scalar, class ExecSpace>
 void LinearCrossEntropy<Scalar, ExecSpace>::backward(const grad_loss_view& grad_loss,
                                                      const grad_matrix_view& grad_hidden,
                                                      const grad_matrix_view& grad_weight, bool accumulate_weight) {
-  VPCE_THROW_IF(!m_have_forward, "LinearCrossEntropy::backward() without a forward()");
-  const std::int64_t n = m_saved_hidden.extent(0);
-  if (std::int64_t(m_scratch_loss.extent(0)) < n)
-    m_scratch_loss = loss_view(Kokkos::view_alloc(Kokkos::WithoutInitializing, "vpce::linear::loss"), n);
-  auto loss = Kokkos::subview(m_scratch_loss, std::make_pair(std::int64_t(0), n));
-  check_call(m_saved_hidden, m_saved_weight, m_saved_targets, loss, &grad_hidden, &grad_weight, &grad_loss);
-  run(m_saved_hidden, m_saved_weight, m_saved_targets, loss, What::grad, &grad_hidden, &grad_weight, &grad_loss,
-      Scalar(1), accumulate_weight);
+  backward_impl(&grad_loss, Scalar(1), grad_hidden, grad_weight, accumulate_weight);
 }
 
 template <class Scalar, class ExecSpace>
 void LinearCrossEntropy<Scalar, ExecSpace>::backward(Scalar grad_scale, const grad_matrix_view& grad_hidden,
                                                      const grad_matrix_view& grad_weight, bool accumulate_weight) {
+  backward_impl(nullptr, grad_scale, grad_hidden, grad_weight, accumulate_weight);
+}
+
+template <class Scalar, class ExecSpace>
+void LinearCrossEntropy<Scalar, ExecSpace>::backward_impl(const grad_loss_view* grad_loss, Scalar grad_scale,
+                                                          const grad_matrix_view& grad_hidden,
+                                                          const grad_matrix_view& grad_weight,
+                                                          bool accumulate_weight) {
   VPCE_THROW_IF(!m_have_forward, "LinearCrossEntropy::backward() without a forward()");
   const std::int64_t n = m_saved_hidden.extent(0);
   if (std::int64_t(m_scratch_loss.extent(0)) < n)
     m_scratch_loss = loss_view(Kokkos::view_alloc(Kokkos::WithoutInitializing, "vpce::linear::loss"), n);
   auto loss = Kokkos::subview(m_scratch_loss, std::make_pair(std::int64_t(0), n));
-  check_call(m_saved_hidden, m_saved_weight, m_saved_targets, loss, &grad_hidden, &grad_weight, nullptr);
-  run(m_saved_hidden, m_saved_weight, m_saved_targets, loss, What::grad, &grad_hidden, &grad_weight, nullptr,
+  check_call(m_saved_hidden, m_saved_weight, m_saved_targets, loss, &grad_hidden, &grad_weight, grad_loss);
+  run(m_saved_hidden, m_saved_weight, m_saved_targets, loss, impl::Write::grad, &grad_hidden, &grad_weight, grad_loss,
       grad_scale, accumulate_weight);
 }
 
@@ -179,7 +181,7 @@ void LinearCrossEntropy<Scalar, ExecSpace>::loss_and_grad(const matrix_view& hid
                                                           bool accumulate_weight) {
   m_have_forward = false;
   check_call(hidden, weight, targets, loss, &grad_hidden, &grad_weight, nullptr);
-  run(hidden, weight, targets, loss, What::grad, &grad_hidden, &grad_weight, nullptr, grad_scale, accumulate_weight);
+  run(hidden, weight, targets, loss, impl::Write::grad, &grad_hidden, &grad_weight, nullptr, grad_scale, accumulate_weight);
 }
 
 template <class Scalar, class ExecSpace>
@@ -190,13 +192,13 @@ void LinearCrossEntropy<Scalar, ExecSpace>::loss_and_grad(const matrix_view& hid
                                                           const grad_loss_view& grad_loss, bool accumulate_weight) {
   m_have_forward = false;
   check_call(hidden, weight, targets, loss, &grad_hidden, &grad_weight, &grad_loss);
-  run(hidden, weight, targets, loss, What::grad, &grad_hidden, &grad_weight, &grad_loss, Scalar(1),
+  run(hidden, weight, targets, loss, impl::Write::grad, &grad_hidden, &grad_weight, &grad_loss, Scalar(1),
       accumulate_weight);
 }
 
 template <class Scalar, class ExecSpace>
 void LinearCrossEntropy<Scalar, ExecSpace>::run(const matrix_view& hidden, const matrix_view& weight,
-                                                const targets_view& targets, const loss_view& loss, What what,
+                                                const targets_view& targets, const loss_view& loss, impl::Write what,
                                                 const grad_matrix_view* grad_hidden,
                                                 const grad_matrix_view* grad_weight, const grad_loss_view* grad_loss,
                                                 Scalar grad_scale, bool accumulate_weight) {
@@ -207,7 +209,7 @@ void LinearCrossEntropy<Scalar, ExecSpace>::run(const matrix_view& hidden, const
   using Chunk = Kokkos::View<Scalar**, Kokkos::LayoutRight, memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   impl::ScopedRegion region("vpce::linear_cross_entropy");
   const std::int64_t n = hidden.extent(0), h = m_hidden, v = m_part.local_size();
-  const bool grad = what == What::grad;
+  const bool grad = what == impl::Write::grad;
 
   // The mean's divisor counts the valid rows of all chunks before the first gradient is written.
   const std::int64_t n_valid = impl::count_valid(m_exec, targets, m_opt.ignore_index);
@@ -269,16 +271,8 @@ void LinearCrossEntropy<Scalar, ExecSpace>::run(const matrix_view& hidden, const
 
   if (grad && m_comm.size() > 1 && n > 0) {
     impl::ScopedRegion r("vpce::collective");
-#if defined(VPCE_ENABLE_GPU_AWARE_MPI)
-    impl::fence(m_exec, "vpce::linear::before_allreduce");
-    impl::allreduce_builtin(grad_hidden->data(), n * h, MPI_SUM, m_comm.comm());
-#else
-    auto host = impl::mirror_view_no_init(impl::staging_space_t<memory_space>(), *grad_hidden);
-    Kokkos::deep_copy(m_exec, host, *grad_hidden);
-    impl::fence(m_exec, "vpce::linear::before_allreduce");
-    impl::allreduce_builtin(host.data(), n * h, MPI_SUM, m_comm.comm());
-    Kokkos::deep_copy(m_exec, *grad_hidden, host);
-#endif
+    impl::allreduce(m_exec, impl::Staged<grad_matrix_view>(*grad_hidden).part(Kokkos::ALL, Kokkos::ALL), MPI_SUM,
+                    m_comm.comm());
   }
   impl::fence(m_exec, "vpce::linear::done");
   m_n_valid = n_valid;
