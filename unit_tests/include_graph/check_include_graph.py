@@ -12,12 +12,13 @@ broken.
 Usage: check_include_graph.py --compile-commands FILE --tu unit_tests/include_graph/user.cpp --workdir DIR
 """
 import argparse
-import json
 import os
 import re
-import shlex
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from compile_db import compile_command  # noqa: E402
 
 FORBIDDEN = [
     r"vpce/impl/kernels\.hpp", r"vpce/impl/math\.hpp", r"vpce/impl/stream\.hpp", r"vpce/impl/row_stats\.hpp",
@@ -27,14 +28,6 @@ FORBIDDEN = [
     r"KokkosBlas",
 ]
 MACROS = ["VPCE_SIMD", "VPCE_SIMD_REDUCE", "VPCE_PRAGMA"]
-
-
-def command_for(compile_commands, tu):
-    with open(compile_commands) as f:
-        for e in json.load(f):
-            if os.path.realpath(e["file"]) == os.path.realpath(tu):
-                return (e.get("arguments") or shlex.split(e["command"])), e["directory"]
-    sys.exit(f"check_include_graph: {tu} is not in {compile_commands}")
 
 
 def strip_output(args, tu):
@@ -70,7 +63,7 @@ def main():
     ap.add_argument("--tu", required=True)
     ap.add_argument("--workdir", required=True)
     a = ap.parse_args()
-    args, cwd = command_for(a.compile_commands, a.tu)
+    args, cwd = compile_command(a.compile_commands, a.tu)
     cmd = strip_output(args, a.tu)
     os.makedirs(a.workdir, exist_ok=True)
     errors = []

@@ -26,12 +26,13 @@ Usage: check_vectorized.py --compile-commands FILE --kernel-tu FILE --probes FIL
 """
 import argparse
 import concurrent.futures
-import json
 import os
 import re
-import shlex
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from compile_db import compile_command  # noqa: E402
 
 WIDTH = {"x86-64-v2": "xmm", "x86-64-v3": "ymm", "x86-64-v4": "zmm", "aarch64": "NEON .4s/.2d"}
 SCALAR_FP = re.compile(
@@ -49,16 +50,6 @@ A64_PACKED_FP = re.compile(r"^f(add|sub|mul|div|mla|mls|max|min|maxnm|minnm)$")
 FUNC = re.compile(r"^([0-9a-f]+) <(.*)>:$")
 INSN = re.compile(r"^\s*([0-9a-f]+):\s+(\S+)\s*(.*)$")
 JUMP_TARGET = re.compile(r"(?:^|[\s,])([0-9a-f]+) <")
-
-
-def compile_command(compile_commands, kernel_tu):
-    with open(compile_commands) as f:
-        entries = json.load(f)
-    for e in entries:
-        if os.path.realpath(e["file"]) == os.path.realpath(kernel_tu):
-            args = e.get("arguments") or shlex.split(e["command"])
-            return args, e["directory"]
-    sys.exit(f"check_vectorized: {kernel_tu} is not in {compile_commands}")
 
 
 def flags_for(args, kernel_tu, march, cxx=None):
