@@ -15,3 +15,19 @@ def compile_command(compile_commands, tu):
             args = e.get("arguments") or shlex.split(e["command"])
             return args, e["directory"]
     sys.exit(f"{os.path.basename(sys.argv[0])}: {tu} is not in {compile_commands}")
+
+
+def without_source_and_output(args, tu):
+    """A compile command's arguments without `-c`, `-o FILE` and the source file itself."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a in ("-o", "-c"):
+            skip = a == "-o"
+            continue
+        if os.path.basename(a) == os.path.basename(tu):
+            continue
+        out.append(a)
+    return out

@@ -18,7 +18,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from compile_db import compile_command  # noqa: E402
+from compile_db import compile_command, without_source_and_output  # noqa: E402
 
 FORBIDDEN = [
     r"vpce/impl/kernels\.hpp", r"vpce/impl/math\.hpp", r"vpce/impl/stream\.hpp", r"vpce/impl/row_stats\.hpp",
@@ -28,21 +28,6 @@ FORBIDDEN = [
     r"KokkosBlas",
 ]
 MACROS = ["VPCE_SIMD", "VPCE_SIMD_REDUCE", "VPCE_PRAGMA"]
-
-
-def strip_output(args, tu):
-    out, skip = [], False
-    for a in args:
-        if skip:
-            skip = False
-            continue
-        if a in ("-o", "-c"):
-            skip = a == "-o"
-            continue
-        if os.path.realpath(a) == os.path.realpath(tu):
-            continue
-        out.append(a)
-    return out
 
 
 def headers(cmd, src, cwd):
@@ -64,7 +49,7 @@ def main():
     ap.add_argument("--workdir", required=True)
     a = ap.parse_args()
     args, cwd = compile_command(a.compile_commands, a.tu)
-    cmd = strip_output(args, a.tu)
+    cmd = without_source_and_output(args, a.tu)
     os.makedirs(a.workdir, exist_ok=True)
     errors = []
     seen = headers(cmd, os.path.realpath(a.tu), cwd)

@@ -32,7 +32,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from compile_db import compile_command  # noqa: E402
+from compile_db import compile_command, without_source_and_output  # noqa: E402
 
 WIDTH = {"x86-64-v2": "xmm", "x86-64-v3": "ymm", "x86-64-v4": "zmm", "aarch64": "NEON .4s/.2d"}
 SCALAR_FP = re.compile(
@@ -55,21 +55,9 @@ JUMP_TARGET = re.compile(r"(?:^|[\s,])([0-9a-f]+) <")
 def flags_for(args, kernel_tu, march, cxx=None):
     """The kernel TU's command with its source, output, -march and optimisation level replaced (and its
     compiler, for a cross compiler)."""
-    out = [cxx or args[0]]
-    skip = False
-    for a in args[1:]:
-        if skip:
-            skip = False
-            continue
-        if a in ("-o", "-c"):
-            skip = a == "-o"
-            continue
-        if os.path.basename(a) == os.path.basename(kernel_tu) or a.startswith(("-march=", "-mtune=", "-O", "-g")):
-            continue
-        if a.startswith(("-fsanitize", "-fno-sanitize")):
-            continue
-        out.append(a)
-    return out + ["-O3", "-DNDEBUG", f"-march={march}"]
+    keep = [a for a in without_source_and_output(args[1:], kernel_tu)
+            if not a.startswith(("-march=", "-mtune=", "-O", "-g", "-fsanitize", "-fno-sanitize"))]
+    return [cxx or args[0]] + keep + ["-O3", "-DNDEBUG", f"-march={march}"]
 
 
 def functions(disassembly):
