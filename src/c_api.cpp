@@ -3,6 +3,7 @@
 #include <memory>
 #include <string>
 
+#include "vpce/definitions.hpp"  // CrossEntropy on the host space: not the default one in a device build
 #include "vpce/dtype.hpp"
 #include "vpce/vpce.h"
 #include "vpce/vpce.hpp"
