@@ -5,6 +5,8 @@
     PyTorch with the gloo backend, at the same number of ranks and threads per rank as vpce;
   * single-process torch.nn.functional.cross_entropy forward+backward over the whole vocabulary with the
     same total number of threads;
+  * single-process torch.logsumexp over one rank's logits (N x V_local) with the same total number of
+    threads: the floor of a forward pass in PyTorch (compare with vpce's forward at --ranks 1);
   * vpce's benchmark (vpce_perf) under mpirun at the same rank count.
 
 Prints the medians and the ratios. Needs Debian's python3-torch. Usage:
@@ -104,6 +106,20 @@ def torch_cross_entropy(args):
     return statistics.median(times)
 
 
+def torch_logsumexp(args):
+    import torch
+
+    torch.set_num_threads(args.threads)
+    logits = (torch.rand(args.tokens, args.vocab_local, generator=torch.Generator().manual_seed(5)) * 8 - 4).float()
+    times = []
+    for k in range(args.reps + 1):
+        t0 = time.perf_counter()
+        torch.logsumexp(logits, dim=1)
+        if k:
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
 def vpce(args):
     env = dict(os.environ, OMP_NUM_THREADS=str(max(1, args.threads // args.ranks)), OMP_PROC_BIND="false",
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
@@ -130,6 +146,7 @@ def main():
     v = vpce(args)
     seed_ms = torch_seed(args)
     ce_ms = torch_cross_entropy(args)
+    lse_ms = torch_logsumexp(args)
     rows = [
         ("vpce loss_and_grad/fused", v["loss_and_grad/fused"]),
         ("vpce forward_backward/fused/recompute", v["forward_backward/fused/recompute"]),
@@ -137,12 +154,16 @@ def main():
         ("vpce copy (ceiling)", v["copy"]),
         (f"PyTorch seed algorithm, gloo, {args.ranks} ranks", seed_ms),
         (f"PyTorch F.cross_entropy fwd+bwd, 1 process, V = {args.vocab_local * args.ranks}", ce_ms),
+        ("vpce forward/fused/recompute", v["forward/fused/recompute"]),
+        (f"PyTorch torch.logsumexp, 1 process, {args.tokens} x {args.vocab_local}", lse_ms),
     ]
     print(f"{args.ranks} rank(s), {args.threads} thread(s) in all, {args.tokens} tokens, V_local {args.vocab_local}, float32")
     print(f"{'':58s} {'ms':>9s} {'x vpce loss_and_grad':>21s}")
     base = v["loss_and_grad/fused"]
     for name, ms in rows:
         print(f"{name:58s} {ms:9.1f} {ms / base:21.2f}")
+    print(f"torch.logsumexp / vpce forward: {lse_ms / v['forward/fused/recompute']:.2f} "
+          f"(at --ranks 1 both read the same N x V_local with the same threads)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "ms": dict(rows)}, f, indent=1)
