@@ -30,7 +30,7 @@ struct Config {
 };
 
 struct Record {
-  std::string name;  ///< e.g. copy, forward/fused/recompute, forward_backward/seed/stash, loss_and_grad/fused
+  std::string name;  ///< e.g. copy, forward/fused/recompute, forward_backward/seed/stash, loss_and_grad/fused[/in_place]
   int ranks = 1;
   int threads = 1;  ///< Kokkos concurrency per rank
   std::int64_t tokens = 0;
