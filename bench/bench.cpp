@@ -205,6 +205,30 @@ std::vector<Record> run_typed(const Communicator& comm, const Config& cfg) {
     add("loss_and_grad/fused/in_place", 2 * elem_bytes, [&] { ce.loss_and_grad(logits, targets, loss, logits, T(1)); });
     Kokkos::deep_copy(logits, out);
   }
+  // The per-row outputs and the entropy in the loss: loss_and_grad/fused with one option on, each to be read
+  // against loss_and_grad/fused of the same run (their cost). The output is asked for after each call, as a
+  // user would: entropy (its statistic in the records: 5 values per row instead of 4), the target's
+  // log-prob, the z-loss terms (with a z-loss); the entropy weight changes the gradient (no stored exps).
+  struct OutputCase {
+    const char* name;
+    void (*set)(Options&);
+    Kokkos::View<const T*, typename CrossEntropy<S>::memory_space> (CrossEntropy<S>::*get)() const;
+  };
+  const OutputCase output_cases[] = {
+      {"loss_and_grad/fused/entropy", [](Options& o) { o.entropy = true; }, &CrossEntropy<S>::entropy},
+      {"loss_and_grad/fused/logprob", [](Options&) {}, &CrossEntropy<S>::logprob},
+      {"loss_and_grad/fused/z_loss_out", [](Options& o) { o.z_loss = 1e-4; }, &CrossEntropy<S>::z_loss_terms},
+      {"loss_and_grad/fused/entropy_weight", [](Options& o) { o.entropy_weight = 0.1; }, nullptr}};
+  for (const auto& oc : output_cases) {
+    if (!wanted(cfg, oc.name)) continue;
+    Options opt = base;
+    oc.set(opt);
+    CrossEntropy<S> ce(comm, part, opt);
+    add(oc.name, 2 * elem_bytes, [&] {
+      ce.loss_and_grad(logits, targets, loss, out, T(1));
+      if (oc.get != nullptr) (ce.*oc.get)();
+    });
+  }
   const double copy_ms = recs[0].ms_median, stream_ms = recs[1].ms_median, read_ms = recs[2].ms_median;
   for (auto& r : recs) {
     r.ratio_to_copy = r.ms_median / copy_ms;

@@ -1,5 +1,6 @@
 /* The C API from C: float32 and bfloat16 logits on an uneven partition, mean reduction with label
- * smoothing, checked against each other, and a bad target that fails on every rank alike.
+ * smoothing, checked against each other (loss, gradient, and the per-row entropy and target log-prob), and
+ * a bad target that fails on every rank alike.
  * Run: mpirun -np 3 ./vpce_example_c */
 #include <math.h>
 #include <stdio.h>
@@ -35,6 +36,7 @@ int main(int argc, char** argv) {
   vpce_options_default(&opt);
   opt.reduction = VPCE_REDUCTION_MEAN;
   opt.label_smoothing = 0.1;
+  opt.entropy = 1; /* keep each row's entropy (one more value per row in the collective) */
   vpce_handle h32, h16;
   if (vpce_create(MPI_COMM_WORLD, local, VPCE_FLOAT32, &opt, &h32) != VPCE_SUCCESS ||
       vpce_create(MPI_COMM_WORLD, local, VPCE_BFLOAT16, &opt, &h16) != VPCE_SUCCESS) {
@@ -67,9 +69,22 @@ int main(int argc, char** argv) {
   vpce_reduced_loss(h16, &mean16);
   for (int64_t k = 0; k < n * local; ++k) worst = fmax(worst, fabs(g32[k] - g16[k]));
   if (fabs(mean32 - mean16) > 1e-5 * fabs(mean32) || worst > 1e-6 || loss32[5] != 0.0f) fail = 1;
+  /* Per row: the entropy lies in [0, log V], the target's log-prob is <= 0 (0 for the ignored row 5). */
+  float ent32[16], ent16[16], lp32[16], lp16[16];
+  if (vpce_entropy(h32, ent32) != VPCE_SUCCESS || vpce_entropy(h16, ent16) != VPCE_SUCCESS ||
+      vpce_logprob(h32, lp32) != VPCE_SUCCESS || vpce_logprob(h16, lp16) != VPCE_SUCCESS) {
+    fprintf(stderr, "%s\n", vpce_last_error());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (!(ent32[i] >= 0.0f && ent32[i] <= logf((float)vocab) + 1e-5f) || fabsf(ent32[i] - ent16[i]) > 1e-5f) fail = 1;
+    if (!(lp32[i] <= 0.0f) || fabsf(lp32[i] - lp16[i]) > 1e-5f) fail = 1;
+  }
+  if (lp32[5] != 0.0f) fail = 1;
   if (rank == 0)
-    printf("C API: V = %lld over %d ranks, mean loss float32 %.6f, bfloat16 %.6f, max |grad diff| %.2e\n",
-           (long long)vocab, size, mean32, mean16, worst);
+    printf("C API: V = %lld over %d ranks, mean loss float32 %.6f, bfloat16 %.6f, max |grad diff| %.2e, "
+           "row 0: entropy %.4f, log-prob %.4f\n",
+           (long long)vocab, size, mean32, mean16, worst, ent32[0], lp32[0]);
 
   /* A bad target: every rank gets the same error, and the ranks stay in step. */
   targets[3] = vocab + 7;

@@ -1,5 +1,5 @@
 ! The C API from Fortran: double-precision logits, each rank owning a slice of the vocabulary, checked
-! against the whole-vocabulary loss computed here. Run: mpirun -np 2 ./vpce_example_fortran
+! against the whole-vocabulary loss, entropy and target log-prob computed here. Run: mpirun -np 2 ./vpce_example_fortran
 program vpce_fortran_example
   use, intrinsic :: iso_c_binding
   use mpi
@@ -13,8 +13,8 @@ program vpce_fortran_example
   type(c_ptr) :: h
   real(c_double), allocatable, target :: logits(:, :), grad(:, :)
   integer(c_int64_t), target :: targets(n)
-  real(c_double), target :: loss(n)
-  real(c_double) :: m, s, ref, worst
+  real(c_double), target :: loss(n), entropy(n), logprob(n)
+  real(c_double) :: m, s, sx, ref, worst
 
   call MPI_Init(ierr)
   call MPI_Comm_rank(MPI_COMM_WORLD, rank, ierr)
@@ -24,6 +24,7 @@ program vpce_fortran_example
   if (rank == 0) local_wanted = vocab - (nranks - 1) * (vocab / nranks)
 
   call vpce_options_default(opt)
+  opt%entropy = 1  ! keep each row's entropy
   if (vpce_create_f(MPI_COMM_WORLD, local_wanted, VPCE_FLOAT64, opt, h) /= VPCE_SUCCESS) then
     print *, vpce_last_error()
     call MPI_Abort(MPI_COMM_WORLD, 1, ierr)
@@ -42,6 +43,10 @@ program vpce_fortran_example
     print *, vpce_last_error()
     call MPI_Abort(MPI_COMM_WORLD, 1, ierr)
   end if
+  if (vpce_entropy(h, c_loc(entropy)) /= VPCE_SUCCESS .or. vpce_logprob(h, c_loc(logprob)) /= VPCE_SUCCESS) then
+    print *, vpce_last_error()
+    call MPI_Abort(MPI_COMM_WORLD, 1, ierr)
+  end if
 
   worst = 0
   do i = 1, n
@@ -50,16 +55,19 @@ program vpce_fortran_example
       m = max(m, z(i, j))
     end do
     s = 0
+    sx = 0
     do j = 0, vocab - 1
       s = s + exp(z(i, j) - m)
+      sx = sx + exp(z(i, j) - m) * z(i, j)
     end do
     ref = m + log(s) - z(i, targets(i))
-    worst = max(worst, abs(ref - loss(i)))
+    worst = max(worst, abs(ref - loss(i)), abs(-ref - logprob(i)), abs(m + log(s) - sx / s - entropy(i)))
   end do
   fail = 0
   if (worst > 1e-12_c_double) fail = 1
   call MPI_Allreduce(fail, any_fail, 1, MPI_INTEGER, MPI_MAX, MPI_COMM_WORLD, ierr)
-  if (rank == 0) print '(a, i0, a, es9.2, a)', 'Fortran: ', nranks, ' ranks, max |loss - reference| = ', worst, &
+  if (rank == 0) print '(a, i0, a, es9.2, a)', 'Fortran: ', nranks, &
+                       ' ranks, max |loss, entropy, log-prob - reference| = ', worst, &
                        merge(' ok    ', ' FAILED', any_fail == 0)
   deallocate(logits, grad)  ! a main program's allocatables are never freed on their own (LeakSanitizer)
   ierr = vpce_destroy(h)

@@ -23,6 +23,8 @@ struct HandleBase {
   virtual void loss_and_grad(std::int64_t n, const void* logits, const std::int64_t* targets, void* loss, void* grad,
                              const void* grad_loss, double scale) = 0;
   virtual void lse(void* out) const = 0;
+  /// entropy(), logprob() or z_loss_terms() of the last call into out.
+  virtual void row_output(vpce::impl::RowOutput what, void* out) const = 0;
   virtual double reduced_loss() const = 0;
   virtual const vpce::VocabPartition& partition() const = 0;
 };
@@ -91,8 +93,20 @@ struct Handle final : HandleBase {
     else
       ce.loss_and_grad(x, t, l, grad_view<T>(n, grad), T(scale));
   }
-  void lse(void* out) const override {
-    const auto v = ce.lse();
+  void lse(void* out) const override { copy_out(ce.lse(), out); }
+  void row_output(vpce::impl::RowOutput what, void* out) const override {
+    switch (what) {
+      case vpce::impl::RowOutput::entropy:
+        return copy_out(ce.entropy(), out);
+      case vpce::impl::RowOutput::logprob:
+        return copy_out(ce.logprob(), out);
+      case vpce::impl::RowOutput::z_loss:
+        return copy_out(ce.z_loss_terms(), out);
+    }
+  }
+  template <class V>
+  static void copy_out(const V& v, void* out) {
+    VPCE_THROW_IF(out == nullptr && v.extent(0) > 0, "the output array is NULL");
     Kokkos::deep_copy(Kokkos::View<T*, HS, Unmanaged>(static_cast<T*>(out), v.extent(0)), v);
   }
   double reduced_loss() const override { return ce.reduced_loss(); }
@@ -136,6 +150,8 @@ vpce::Options to_options(const vpce_options* o) {
   opt.z_loss = o->z_loss;
   opt.logit_scale = o->logit_scale;
   opt.softcap = o->softcap;
+  opt.entropy = o->entropy != 0;
+  opt.entropy_weight = o->entropy_weight;
   return opt;
 }
 
@@ -164,6 +180,8 @@ void vpce_options_default(vpce_options* o) {
   o->logit_scale = d.logit_scale;
   o->softcap = d.softcap;
   o->grad_in_logits_type = 0;
+  o->entropy = d.entropy ? 1 : 0;
+  o->entropy_weight = d.entropy_weight;
 }
 
 vpce_status vpce_initialize(void) {
@@ -255,6 +273,27 @@ vpce_status vpce_lse(vpce_handle h, void* lse) {
   return guarded([&] {
     VPCE_CHECK_HANDLE(h);
     h->impl->lse(lse);
+  });
+}
+
+vpce_status vpce_entropy(vpce_handle h, void* entropy) {
+  return guarded([&] {
+    VPCE_CHECK_HANDLE(h);
+    h->impl->row_output(vpce::impl::RowOutput::entropy, entropy);
+  });
+}
+
+vpce_status vpce_logprob(vpce_handle h, void* logprob) {
+  return guarded([&] {
+    VPCE_CHECK_HANDLE(h);
+    h->impl->row_output(vpce::impl::RowOutput::logprob, logprob);
+  });
+}
+
+vpce_status vpce_z_loss_terms(vpce_handle h, void* z_loss) {
+  return guarded([&] {
+    VPCE_CHECK_HANDLE(h);
+    h->impl->row_output(vpce::impl::RowOutput::z_loss, z_loss);
   });
 }
 

@@ -10,16 +10,17 @@ namespace vpce::impl {
 
 namespace {
 template <class T>
-void merge_op(void* in, void* inout, int* len, MPI_Datatype*) {
-  merge_records(static_cast<const RowStats<T>*>(in), static_cast<RowStats<T>*>(inout), *len);
+void merge_op(void* in, void* inout, int* len, MPI_Datatype* type) {
+  int bytes = 0;
+  MPI_Type_size(*type, &bytes);
+  merge_records(static_cast<const T*>(in), static_cast<T*>(inout), *len, bytes / int(sizeof(T)));
 }
 constexpr std::int64_t max_count = INT_MAX / 4;
 }  // namespace
 
 template <class T>
-StatsReduction<T>::StatsReduction() {
-  static_assert(sizeof(RowStats<T>) == 4 * sizeof(T), "RowStats must be four packed scalars");
-  VPCE_MPI_CHECK(MPI_Type_contiguous(4, mpi_datatype<T>(), &m_type));
+StatsReduction<T>::StatsReduction(int width) : m_width(width) {
+  VPCE_MPI_CHECK(MPI_Type_contiguous(width, mpi_datatype<T>(), &m_type));
   VPCE_MPI_CHECK(MPI_Type_commit(&m_type));
   VPCE_MPI_CHECK(MPI_Op_create(&merge_op<T>, /*commute=*/1, &m_op));
 }
@@ -34,7 +35,7 @@ StatsReduction<T>::~StatsReduction() {
 }
 
 template <class T>
-void StatsReduction<T>::allreduce(RowStats<T>* records, std::int64_t count, MPI_Comm comm) const {
+void StatsReduction<T>::allreduce(T* records, std::int64_t count, MPI_Comm comm) const {
   // Through start(): every block of a call, blocking or not, goes through the same MPI collective (and so
   // the same merge order across ranks).
   std::vector<MPI_Request> pending;
@@ -43,12 +44,12 @@ void StatsReduction<T>::allreduce(RowStats<T>* records, std::int64_t count, MPI_
 }
 
 template <class T>
-void StatsReduction<T>::start(RowStats<T>* records, std::int64_t count, MPI_Comm comm,
+void StatsReduction<T>::start(T* records, std::int64_t count, MPI_Comm comm,
                               std::vector<MPI_Request>* pending) const {
   for (std::int64_t done = 0; done < count; done += max_count) {
     const int n = static_cast<int>(std::min(max_count, count - done));
     pending->push_back(MPI_REQUEST_NULL);
-    VPCE_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, records + done, n, m_type, m_op, comm, &pending->back()));
+    VPCE_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, records + done * m_width, n, m_type, m_op, comm, &pending->back()));
   }
 }
 

@@ -45,23 +45,35 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, const
   Matrix logits, grad_s;  // grad_s: the gradient in Scalar (16-bit, or in place)
   GradMatrix grad_t;      // the gradient in the compute type
   Targets targets;
-  Vector loss, lse;
+  Vector loss;
   typename Matrix::HostMirror h_logits, h_grad_s;
   typename GradMatrix::HostMirror h_grad_t;
   typename Targets::HostMirror h_targets;
-  typename Vector::HostMirror h_loss, h_lse;
+  typename Vector::HostMirror h_loss;
+  // The per-row outputs asked for (--lse, --entropy, --logprob, --z-loss-out): dataset name, the call's View
+  // of them, its host copy.
+  struct RowOut {
+    const char* name;
+    Kokkos::View<const T*, mem> (CE::*get)() const;
+    typename Vector::HostMirror host;
+  };
+  std::vector<RowOut> row_outs;
+  if (cfg.lse) row_outs.push_back({"/lse", &CE::lse, {}});
+  if (cfg.entropy) row_outs.push_back({"/entropy", &CE::entropy, {}});
+  if (cfg.logprob) row_outs.push_back({"/logprob", &CE::logprob, {}});
+  if (cfg.z_loss_out) row_outs.push_back({"/z_loss", &CE::z_loss_terms, {}});
+  const auto n_row_outs = std::int64_t(row_outs.size());
 
   CommandSteps<T> steps;
   steps.n = n;
   steps.v = v;
   steps.memory_what = std::to_string(n) + " x " + std::to_string(vl) + " logits" + (cfg.grad ? " and their gradient" : "");
   steps.memory_bytes = double(n) * double(vl) * double(sizeof(Scalar) + (cfg.grad && !in_place ? sizeof(T) : 0)) +
-                       double(n) * 8 * (cfg.lse ? 3 : 2);
+                       double(n) * 8 * double(2 + n_row_outs);
   steps.allocate = [&] {
     logits = Matrix(uninitialized("vpce::tool::logits"), n, vl);
     targets = Targets(uninitialized("vpce::tool::targets"), n);
     loss = Vector(uninitialized("vpce::tool::loss"), n);
-    if (cfg.lse) lse = Vector(uninitialized("vpce::tool::lse"), n);
     if (cfg.grad && in_place) {
       grad_s = logits;
     } else if (cfg.grad && grad_in_storage) {
@@ -86,6 +98,8 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, const
   steps.compute = [&] {
     Options opt = library_options(cfg);
     opt.mode = cfg.mode == "stash" ? Mode::stash_softmax : Mode::recompute;
+    opt.entropy = cfg.entropy;
+    opt.entropy_weight = cfg.entropy_weight;
     CE ce(comm, part, opt);
     // grad_scale 1: the gradient of the sum of the per-token losses (none), of the sum (sum) or of the mean
     // (mean: the library divides by the number of non-ignored tokens).
@@ -105,7 +119,11 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, const
     } else {
       compute(grad_s.data() != nullptr ? grad_s : grad_t);  // the same View type here
     }
-    if (cfg.lse) Kokkos::deep_copy(lse, ce.lse());
+    for (auto& r : row_outs) {  // copied out: the next one may reuse the library's buffer
+      Vector copy(uninitialized("vpce::tool::row_output"), n);
+      Kokkos::deep_copy(copy, (ce.*r.get)());
+      r.host = to_host(copy);
+    }
     const Computed result{ce.reduced_loss(), ce.num_valid()};
     Kokkos::fence();
     return result;
@@ -113,7 +131,6 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, const
   steps.download = [&] {
     if (!in_place) logits = Matrix();  // free before writing
     h_loss = to_host(loss);
-    h_lse = to_host(lse);
     h_grad_s = to_host(grad_s);
     h_grad_t = to_host(grad_t);
     return h_loss.data();
@@ -122,7 +139,7 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, const
                                  : grad_in_storage ? std::int64_t(sizeof(Scalar))
                                  : grad_as_float32 ? 4
                                                    : std::int64_t(sizeof(T));
-  steps.output_bytes = n * v * grad_elem + (cfg.lse ? n * std::int64_t(sizeof(T)) : 0);
+  steps.output_bytes = n * v * grad_elem + n_row_outs * n * std::int64_t(sizeof(T));
   steps.create = [&](H5File& out) {
     if (cfg.grad) {
       const hid_t type = grad_in_storage   ? little_endian_type<Scalar>()
@@ -131,12 +148,13 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, const
       out.create_dataset("/grad_logits", {n, v}, type);
       if (grad_in_storage) out.write_attribute("dtype", to_string(dtype_of<Scalar>()), "/grad_logits");
     }
-    if (cfg.lse) out.create_dataset("/lse", {n}, little_endian_type<T>());
+    for (const auto& r : row_outs) out.create_dataset(r.name, {n}, little_endian_type<T>());
+    out.write_attribute("entropy_weight", number_text(cfg.entropy_weight));
     out.write_attribute("logits_dtype", to_string(dtype_of<Scalar>()));
     out.write_attribute("mode", cfg.grad ? cfg.mode : std::string("forward"));
   };
   steps.write = [&](H5File& out) {
-    if (cfg.lse) out.write_all<T>("/lse", n, h_lse.data(), 0);
+    for (const auto& r : row_outs) out.write_all<T>(r.name, n, r.host.data(), 0);
     if (cfg.grad && h_grad_s.data() != nullptr) {
       out.write_columns<FileElem>("/grad_logits", n, part.begin(), vl, max_vl,
                                   reinterpret_cast<const FileElem*>(h_grad_s.data()));

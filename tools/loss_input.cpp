@@ -28,14 +28,19 @@ const char* const loss_help =
     "                reduced loss (sum, mean); its type: see --grad-dtype\n"
     "  /lse          with --lse, N: each row's log-sum-exp over the whole vocabulary (of the transformed\n"
     "                logits), in /loss's type\n"
+    "  /entropy      with --entropy, N: each row's entropy H = lse - sum_j softmax_j x_j of the softmax over the\n"
+    "                whole vocabulary (ignored rows too), in /loss's type\n"
+    "  /logprob      with --logprob, N: the target's log-softmax x_t - lse (0 for ignored rows)\n"
+    "  /z_loss       with --z-loss-out, N: each row's z-loss term Z * lse^2, already in /loss (0 if ignored)\n"
     "OUT.h5 is written under a temporary name in the same folder and renamed when complete; on an error it is\n"
     "not created (an existing one is left as it was).\n"
     "\n"
     "Per token, with z its logits, x = S * z, then x = C * tanh(x / C) if C > 0 (a -inf logit stays -inf),\n"
     "lse = log(sum_j exp(x_j)) over the whole vocabulary, t the target:\n"
-    "  loss = lse - (1 - A) * x_t - A * mean_j(x_j) + Z * lse^2        (0 if t is the ignore index)\n"
-    "  d/dz_j = (softmax_j * (1 + 2 Z lse) - (1 - A) [j = t] - A / V) * dx_j/dz_j    (0 if ignored)\n"
-    "with A, Z, S, C the values of --label-smoothing, --z-loss, --logit-scale, --softcap; the gradient is\n"
+    "  loss = lse - (1 - A) * x_t - A * mean_j(x_j) + Z * lse^2 + B * H     (0 if t is the ignore index)\n"
+    "  d/dz_j = (softmax_j * (1 + 2 Z lse + B (mu - x_j)) - (1 - A) [j = t] - A / V) * dx_j/dz_j  (0 if ignored)\n"
+    "with mu = sum_j softmax_j x_j, H = lse - mu the entropy, and A, Z, B, S, C the values of\n"
+    "--label-smoothing, --z-loss, --entropy-weight, --logit-scale, --softcap; the gradient is\n"
     "divided by the number of tokens not ignored for --reduction mean. The same for any number of ranks,\n"
     "partition, strategy and mode.\n"
     "\n"
@@ -54,6 +59,11 @@ const char* const loss_help =
     "  --label-smoothing A   A in [0, 1], default 0: the target distribution is (1 - A) * one-hot + A / V over\n"
     "                        the whole vocabulary (PyTorch's meaning)\n"
     "  --z-loss Z            Z >= 0, default 0: adds Z * lse^2 to each token's loss (PaLM's z-loss)\n"
+    "  --entropy-weight B    finite, default 0: adds B * H (the entropy) to each token's loss before the\n"
+    "                        reduction; B < 0 is an entropy bonus\n"
+    "  --entropy             also write /entropy\n"
+    "  --logprob             also write /logprob\n"
+    "  --z-loss-out          also write /z_loss\n"
     "  --logit-scale S       S > 0, default 1: the logits are multiplied by S first\n"
     "  --softcap C           C >= 0, default 0 (off): soft-capping x = C * tanh(x / C) after the scale (Gemma's)\n"
     "  --strategy S          fused (one all-reduce, default) | seed (Megatron-LM's three all-reduces)\n"
@@ -188,7 +198,13 @@ Options library_options(const LossOptions& cfg) {
 
 LossConfig parse_loss_args(const std::vector<std::string>& argv, int nranks) {
   std::vector<Args::Spec> specs = loss_option_specs();
-  specs.insert(specs.end(), {{"grad-dtype", true}, {"lse", false}, {"mode", true}});
+  specs.insert(specs.end(), {{"grad-dtype", true},
+                             {"lse", false},
+                             {"mode", true},
+                             {"entropy", false},
+                             {"logprob", false},
+                             {"z-loss-out", false},
+                             {"entropy-weight", true}});
   Args args("loss", specs, argv);
   LossConfig cfg;
   if (args.help()) {
@@ -197,6 +213,12 @@ LossConfig parse_loss_args(const std::vector<std::string>& argv, int nranks) {
   }
   parse_loss_options(args, nranks, &cfg);
   cfg.lse = args.has("lse");
+  cfg.entropy = args.has("entropy");
+  cfg.logprob = args.has("logprob");
+  cfg.z_loss_out = args.has("z-loss-out");
+  cfg.entropy_weight = args.get_double("entropy-weight", 0);
+  if (!std::isfinite(cfg.entropy_weight))
+    args.usage_error("--entropy-weight " + args.get("entropy-weight") + ": must be a finite number");
   cfg.mode = args.get_choice("mode", "fused", {"fused", "stash", "recompute"});
   if (args.has("grad-dtype")) {
     cfg.grad_dtype = args.get_choice("grad-dtype", "", {"float32", "logits"});

@@ -38,6 +38,8 @@ struct LossOptions {
 
 struct LossConfig : LossOptions {
   bool lse = false;
+  bool entropy = false, logprob = false, z_loss_out = false;  // the per-row outputs /entropy, /logprob, /z_loss
+  double entropy_weight = 0;
   std::string mode = "fused";  // fused | stash | recompute
   std::string grad_dtype;      // "" (the compute type) | float32 | logits
 };

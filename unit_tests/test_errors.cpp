@@ -449,11 +449,12 @@ long mpi_calls(F&& f) {
 
 /// The collectives an error-free call makes: fused, one all-reduce per block, the first block head_rows()
 /// rows (its all-reduce always there, also for N = 0); seed, MAX (a second one beyond seed_head_rows rows),
-/// SUM of exp, SUM of the target logit, and a SUM of the logit sums with label smoothing.
+/// SUM of exp, SUM of the target logit, a SUM of the logit sums with label smoothing and one of the entropy's
+/// sums with the entropy. The fused strategy's records carry the entropy: no call more.
 template <class CE>
 long expected_collectives(const CE& ce, std::int64_t n) {
   if (ce.options().strategy == vpce::Strategy::seed) {
-    const long sums = n == 0 ? 0 : (ce.options().label_smoothing > 0 ? 3 : 2);
+    const long sums = n == 0 ? 0 : (ce.options().label_smoothing > 0 ? 3 : 2) + (ce.options().entropy ? 1 : 0);
     return 1 + (n > 8192 ? 1 : 0) + sums;
   }
   const std::int64_t rest = std::max<std::int64_t>(0, n - ce.head_rows());
@@ -484,6 +485,7 @@ TYPED_TEST(CollectiveCountTest, ExactlyTheCollectivesOfTheStrategy) {
         opt.strategy = strategy;
         opt.block_rows = block_rows;
         opt.label_smoothing = smoothing;
+        opt.entropy = smoothing > 0;  // the entropy's statistic rides along
         opt.mode = vpce::Mode::recompute;
         typename C::cross_entropy ce(comm, part, opt);
         for (std::int64_t n : {0, 2, 7, 8200}) {
@@ -524,18 +526,24 @@ TYPED_TEST(CollectiveCountTest, ErrorPathAddsTheAgreement) {
   auto in = make_local<C>(p, part);
   Kokkos::deep_copy(Kokkos::subview(in.y, 3), std::int64_t(13));  // out of range
   for (auto strategy : {vpce::Strategy::fused, vpce::Strategy::seed}) {
-    vpce::Options opt;
-    opt.strategy = strategy;
-    typename C::cross_entropy ce(comm, part, opt);
-    auto loss = poisoned_vector<C>(p.n);
-    const long calls = mpi_calls([&] {
-      try {
-        ce.forward(in.x, in.y, loss);
-      } catch (const vpce::Error&) {
-      }
-    });
-    EXPECT_EQ(calls, 4) << describe(opt);
-    expect_in_step<C>(ce);
+    for (bool entropy : {false, true}) {  // records of 4 and of 5 values: the status rides in both
+      vpce::Options opt;
+      opt.strategy = strategy;
+      opt.entropy = entropy;
+      typename C::cross_entropy ce(comm, part, opt);
+      auto loss = poisoned_vector<C>(p.n);
+      std::string message;
+      const long calls = mpi_calls([&] {
+        try {
+          ce.forward(in.x, in.y, loss);
+        } catch (const vpce::Error& e) {
+          message = e.what();
+        }
+      });
+      EXPECT_EQ(calls, 4) << describe(opt) << ", entropy " << entropy;
+      EXPECT_NE(message.find("target 13 of row 3"), std::string::npos) << message;
+      expect_in_step<C>(ce);
+    }
   }
 }
 

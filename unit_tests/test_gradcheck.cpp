@@ -1,5 +1,5 @@
-// Finite-difference check of the gradient in double (without options, and with z-loss, logit scale and
-// softcap): F = sum_i g_i * loss_i, dF/dx_ij by central
+// Finite-difference check of the gradient in double (without options; with z-loss, logit scale and
+// softcap; with an entropy weight (an entropy bonus) and the z-loss): F = sum_i g_i * loss_i, dF/dx_ij by central
 // differences of vpce's own forward() (the loss is a collective: every rank calls forward() for every
 // perturbation; only the rank that owns column j perturbs it), against loss_and_grad() and backward().
 
@@ -38,15 +38,18 @@ TYPED_TEST(GradCheckTest, GradientMatchesFiniteDifferences) {
     const std::int64_t w = part.local_size();
     // Without options, and with z-loss, a logit scale and a softcap small enough that the large logits
     // (down to -60 above) sit deep in tanh's saturation.
-    for (int with_options = 0; with_options < 2; ++with_options)
+    for (int with_options = 0; with_options < 3; ++with_options)
       for (auto strategy : {vpce::Strategy::fused, vpce::Strategy::seed}) {
         vpce::Options opt;
         opt.strategy = strategy;
         opt.mode = vpce::Mode::stash_softmax;
-        if (with_options) {
+        if (with_options == 1) {
           opt.z_loss = 1e-2;
           opt.logit_scale = 1.3;
           opt.softcap = 3;
+        } else if (with_options == 2) {
+          opt.z_loss = 1e-2;
+          opt.entropy_weight = -0.7;
         }
         typename TypeParam::cross_entropy ce(this->comm, part, opt);
         const std::string what = "V " + std::to_string(p.v) + ", " + describe(opt);

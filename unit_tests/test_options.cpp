@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,11 @@ class OptionsTest : public ::testing::Test {
             const Outputs out = run_path<C>(ce, in, path);
             const auto g = incoming(p, ref, path, opt.reduction);
             expect_matches_reference<C>(out, ref, p, part.begin(), part.local_size(), g, what);
+            // The per-row outputs of the same call (computed from its records when asked).
+            expect_allclose(to_host(ce.logprob()), ref.logprob, Tolerance<scalar>::loss, what + ": logprob");
+            expect_allclose(to_host(ce.z_loss_terms()), ref.z_loss, Tolerance<scalar>::loss, what + ": z_loss_terms");
+            if (opt.entropy || opt.entropy_weight != 0)
+              expect_allclose(to_host(ce.entropy()), ref.entropy, Tolerance<scalar>::loss, what + ": entropy");
             EXPECT_EQ(ce.num_valid(), ref.n_valid) << what;
             if (opt.reduction != vpce::Reduction::none) {  // none: ReductionNoneReportsTheSum
               const double want = ref.reduced(opt.reduction);
@@ -136,6 +142,46 @@ TYPED_TEST(OptionsTest, ZLoss) {
   vpce::Options opt;
   opt.z_loss = 1e-3;
   this->expect_all_match(opt, ignore_rows(-100), "z_loss 1e-3");
+}
+
+// The entropy as an output (its statistic in the records), alone and with the z-loss; then as a term of the
+// loss, an entropy bonus (negative weight) with everything else that changes the gradient.
+TYPED_TEST(OptionsTest, Entropy) {
+  vpce::Options opt;
+  opt.entropy = true;
+  this->expect_all_match(opt, ignore_rows(-100), "entropy");
+  opt.z_loss = 1e-3;
+  this->expect_all_match(opt, ignore_rows(-100), "entropy, z_loss 1e-3");
+}
+
+TYPED_TEST(OptionsTest, EntropyWeight) {
+  vpce::Options opt;
+  opt.entropy_weight = 0.3;
+  this->expect_all_match(opt, ignore_rows(-100), "entropy_weight 0.3");
+  opt.entropy_weight = -0.2;
+  opt.label_smoothing = 0.1;
+  opt.z_loss = 1e-3;
+  opt.reduction = vpce::Reduction::mean;
+  this->expect_all_match(opt, ignore_rows(-100), "entropy_weight -0.2, smoothing, z-loss, mean");
+  opt.softcap = 5;
+  opt.logit_scale = 0.5;
+  this->expect_all_match(opt, ignore_rows(-100), "entropy_weight -0.2, smoothing, z-loss, mean, softcap");
+  opt.force_team_kernels = true;  // the device's form: h merged element by element, across the team
+  this->expect_all_match(opt, ignore_rows(-100), "entropy_weight -0.2, ..., softcap, team kernels");
+  opt.softcap = 0;
+  opt.logit_scale = 1;
+  this->expect_all_match(opt, ignore_rows(-100), "entropy_weight -0.2, smoothing, z-loss, mean, team kernels");
+}
+
+// entropy() without its statistic is a clear error (local: the options are the same on every rank).
+TYPED_TEST(OptionsTest, EntropyWithoutTheOption) {
+  using C = TypeParam;
+  const auto part = vpce::VocabPartition::even(11, this->comm);
+  typename C::cross_entropy ce(this->comm, part);
+  const Problem p = make_problem<typename C::scalar>(4, part.vocab_size(), 3);
+  const auto in = make_local<C>(p, part);
+  run_path<C>(ce, in, Path::fused_scalar);
+  expect_error_on_all_ranks([&] { ce.entropy(); }, "needs Options::entropy");
 }
 
 TYPED_TEST(OptionsTest, LogitScale) {
@@ -247,6 +293,7 @@ TYPED_TEST(OptionsTest, InvalidValues) {
       {"Options::logit_scale is 0", [](vpce::Options& o) { o.logit_scale = 0; }},
       {"Options::logit_scale is -2", [](vpce::Options& o) { o.logit_scale = -2; }},
       {"Options::softcap is -1", [](vpce::Options& o) { o.softcap = -1; }},
+      {"Options::entropy_weight is nan", [](vpce::Options& o) { o.entropy_weight = std::nan(""); }},
   };
   expect_constructor_errors<TypeParam>(this->comm, part, cases, me);
 }
@@ -263,6 +310,8 @@ TYPED_TEST(OptionsTest, DifferingBetweenRanks) {
       {"Options::z_loss (bits) differs between ranks", [](vpce::Options& o) { o.z_loss = 1e-4; }},
       {"Options::logit_scale (bits) differs between ranks", [](vpce::Options& o) { o.logit_scale = 2; }},
       {"Options::softcap (bits) differs between ranks", [](vpce::Options& o) { o.softcap = 30; }},
+      {"Options::entropy differs between ranks", [](vpce::Options& o) { o.entropy = true; }},
+      {"Options::entropy_weight (bits) differs between ranks", [](vpce::Options& o) { o.entropy_weight = 0.1; }},
   };
   expect_constructor_errors<TypeParam>(this->comm, part, cases, me);
 }

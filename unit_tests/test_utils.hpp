@@ -184,13 +184,17 @@ Problem make_problem(std::int64_t n, std::int64_t v, std::uint64_t seed) {
 /// float64 host reference over the GLOBAL row, with the maths of vpce::Options (options.hpp,
 /// docs/design.md section 1), written independently of the library:
 ///   x_j = c tanh(s z_j / c) (softcap c > 0) or s z_j;  lse = log sum_j exp(x_j);
-///   loss = lse - (1 - alpha) x_t - alpha mean_j x_j + zeta lse^2  (0 where the target is ignore_index);
-///   d loss / d z_j = (softmax_j (1 + 2 zeta lse) - (1 - alpha) [j == t] - alpha / V) dx_j/dz_j.
+///   loss = lse - (1 - alpha) x_t - alpha mean_j x_j + zeta lse^2 + beta H  (0 where the target is
+///   ignore_index), H = lse - mu the entropy, mu = sum_j softmax_j x_j;
+///   d loss / d z_j = (softmax_j (1 + 2 zeta lse + beta (mu - x_j)) - (1 - alpha) [j == t] - alpha / V) dx_j/dz_j.
 /// With the default options: lse - z_t and softmax - onehot. Multiply dloss by g_i for the gradient. NaN
 /// logits propagate; -inf logits stay -inf and contribute exp = 0; a target logit of -inf gives loss +inf.
 struct Reference {
   std::vector<double> lse;
   std::vector<double> loss;
+  std::vector<double> entropy;  ///< every row
+  std::vector<double> logprob;  ///< x_t - lse, 0 where ignored
+  std::vector<double> z_loss;   ///< zeta lse^2, 0 where ignored
   std::vector<double> dloss;  ///< n x v, d loss_i / d z_ij
   std::vector<bool> valid;    ///< target != ignore_index
   std::int64_t n_valid = 0;
@@ -205,9 +209,13 @@ struct Reference {
 
 inline Reference reference(const Problem& p, const vpce::Options& o = {}) {
   const double scale = o.logit_scale, cap = o.softcap, alpha = o.label_smoothing, zeta = o.z_loss;
+  const double beta = o.entropy_weight;
   Reference r;
   r.lse.assign(p.n, 0.0);
   r.loss.assign(p.n, 0.0);
+  r.entropy.assign(p.n, 0.0);
+  r.logprob.assign(p.n, 0.0);
+  r.z_loss.assign(p.n, 0.0);
   r.dloss.assign(p.n * p.v, 0.0);
   r.valid.assign(p.n, false);
   std::vector<double> x(p.v), dxdz(p.v);
@@ -235,17 +243,27 @@ inline Reference reference(const Problem& p, const vpce::Options& o = {}) {
     for (std::int64_t j = 0; j < p.v; ++j) s += std::exp(static_cast<long double>(x[j]) - m);
     const double lse = has_nan ? kNaN : static_cast<double>(m + std::log(s));
     r.lse[i] = lse;
+    long double mu = 0;  // sum_j softmax_j x_j (a -inf logit adds nothing)
+    for (std::int64_t j = 0; j < p.v; ++j) {
+      if (x[j] != -kInf) mu += std::exp(static_cast<long double>(x[j]) - lse) * x[j];
+    }
+    if (has_nan) mu = kNaN;
+    r.entropy[i] = lse - static_cast<double>(mu);
     const std::int64_t t = p.y[i];
     r.valid[i] = t != o.ignore_index;
     if (!r.valid[i]) continue;  // loss 0, gradient 0
     ++r.n_valid;
+    r.logprob[i] = x[t] - lse;
+    r.z_loss[i] = zeta * lse * lse;
     double loss = lse - (1.0 - alpha) * x[t];
     if (alpha > 0) loss -= alpha * static_cast<double>(sum_x) / double(p.v);
     if (zeta > 0) loss += zeta * lse * lse;
+    if (beta != 0) loss += beta * r.entropy[i];
     r.loss[i] = loss;
     for (std::int64_t j = 0; j < p.v; ++j) {
       const double pj = std::exp(x[j] - lse);
       double d = pj * (1.0 + 2.0 * zeta * lse) - (j == t ? 1.0 - alpha : 0.0);
+      if (beta != 0 && pj > 0) d += pj * beta * (static_cast<double>(mu) - x[j]);
       if (alpha > 0) d -= alpha / double(p.v);
       r.dloss[i * p.v + j] = d * dxdz[j];
     }

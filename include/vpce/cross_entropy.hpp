@@ -104,6 +104,16 @@ class CrossEntropy {
   /// log(sum_j exp(x_ij)) over the global vocabulary, per row, of the last forward() or loss_and_grad()
   /// (empty if that call failed).
   Kokkos::View<const compute_type*, memory_space> lse() const;
+  /// Per row of the last forward() or loss_and_grad() (empty if that call failed), computed from its merged
+  /// statistics when asked (a pass over N values, no communication; the View is overwritten by the next
+  /// call of these three):
+  /// - entropy(): the entropy -sum_j p_j log p_j of the softmax over the GLOBAL vocabulary, for every row
+  ///   (ignored ones too); needs Options::entropy or an entropy_weight, else throws vpce::Error;
+  /// - logprob(): the target's log-softmax x_target - lse, 0 for ignored rows;
+  /// - z_loss_terms(): the z-loss term z_loss * lse^2 that the loss includes, 0 for ignored rows.
+  Kokkos::View<const compute_type*, memory_space> entropy() const;
+  Kokkos::View<const compute_type*, memory_space> logprob() const;
+  Kokkos::View<const compute_type*, memory_space> z_loss_terms() const;
   /// The per-token losses of the last call reduced as Options::reduction says (the sum for none), summed in
   /// row order (the same bits for any thread count).
   double reduced_loss() const noexcept;

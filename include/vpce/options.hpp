@@ -40,8 +40,10 @@ std::int64_t default_block_bytes_per_thread();
 /// rank (checked when a CrossEntropy is built). With the transforms x = softcap * tanh(logit_scale * z /
 /// softcap) (softcap > 0) or x = logit_scale * z, and lse = log(sum_j exp(x_j)) over the GLOBAL vocabulary:
 ///   loss = lse - (1 - label_smoothing) * x_target - label_smoothing * mean_j(x_j) + z_loss * lse^2
+///     + entropy_weight * H,   H = lse - sum_j softmax_j x_j (the entropy of the softmax)
 /// for a row whose target is not ignore_index (else 0), and the gradient with respect to the stored z is
-///   (softmax_j * (1 + 2 z_loss lse) - (1 - label_smoothing) [j == target] - label_smoothing / V) * dx/dz * g.
+///   (softmax_j * (1 + 2 z_loss lse + entropy_weight (mu - x_j)) - (1 - label_smoothing) [j == target]
+///    - label_smoothing / V) * dx/dz * g,   mu = sum_k softmax_k x_k.
 /// A -inf logit stays -inf (masked) through the transforms.
 struct Options {
   Strategy strategy = Strategy::fused;
@@ -58,6 +60,12 @@ struct Options {
   double logit_scale = 1;
   /// Gemma's soft-capping c * tanh(x / c) when > 0.
   double softcap = 0;
+  /// Keep each row's entropy for CrossEntropy::entropy(). Its statistic rides in the same collective: each
+  /// row's record grows by one value (5 instead of 4).
+  bool entropy = false;
+  /// Adds entropy_weight * H to each non-ignored row's loss (its gradient too); finite, may be negative (an
+  /// entropy bonus). Nonzero implies the entropy's statistic, as Options::entropy.
+  double entropy_weight = 0;
   /// Rows per block in the fused strategy. A block's all-reduce (MPI_Iallreduce) is in flight while the
   /// next block's statistics run; then its loss/gradient is written while the next block's all-reduce is in
   /// flight, so two blocks are live at a time and a block is still in cache when its gradient is written.

@@ -24,10 +24,13 @@ module vpce
     real(c_double) :: logit_scale
     real(c_double) :: softcap
     integer(c_int) :: grad_in_logits_type
+    integer(c_int) :: entropy
+    real(c_double) :: entropy_weight
   end type vpce_options
 
   public :: vpce_initialize, vpce_finalize, vpce_options_default, vpce_create_f, vpce_destroy
   public :: vpce_partition, vpce_forward, vpce_backward, vpce_loss_and_grad, vpce_lse, vpce_reduced_loss
+  public :: vpce_entropy, vpce_logprob, vpce_z_loss_terms
   public :: vpce_last_error
 
   interface
@@ -81,6 +84,18 @@ module vpce
     integer(c_int) function vpce_lse(handle, lse) bind(c, name="vpce_lse")
       import :: c_int, c_ptr
       type(c_ptr), value :: handle, lse
+    end function
+    integer(c_int) function vpce_entropy(handle, entropy) bind(c, name="vpce_entropy")
+      import :: c_int, c_ptr
+      type(c_ptr), value :: handle, entropy
+    end function
+    integer(c_int) function vpce_logprob(handle, logprob) bind(c, name="vpce_logprob")
+      import :: c_int, c_ptr
+      type(c_ptr), value :: handle, logprob
+    end function
+    integer(c_int) function vpce_z_loss_terms(handle, z_loss) bind(c, name="vpce_z_loss_terms")
+      import :: c_int, c_ptr
+      type(c_ptr), value :: handle, z_loss
     end function
     integer(c_int) function vpce_reduced_loss(handle, loss) bind(c, name="vpce_reduced_loss")
       import :: c_int, c_double, c_ptr

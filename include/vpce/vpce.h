@@ -35,6 +35,8 @@ typedef struct {
   double logit_scale;       /* > 0, default 1 */
   double softcap;           /* >= 0, 0: off */
   int grad_in_logits_type;  /* 16-bit logits only: write the gradient as 16-bit */
+  int entropy;              /* 1: keep each row's entropy for vpce_entropy() (default 0) */
+  double entropy_weight;    /* adds entropy_weight * entropy to each row's loss (finite; may be < 0) */
 } vpce_options;
 
 typedef struct vpce_handle_s* vpce_handle;
@@ -70,6 +72,12 @@ vpce_status vpce_loss_and_grad(vpce_handle handle, int64_t n_tokens, const void*
                                void* loss, void* grad, const void* grad_loss, double grad_scale);
 /* lse per row of the last call (N values), and the reduced loss (sum for reduction none). */
 vpce_status vpce_lse(vpce_handle handle, void* lse);
+/* Per row of the last forward/loss_and_grad (N values, the loss's type), no communication: the entropy of
+ * the softmax over the global vocabulary (needs options.entropy or an entropy_weight); the target's
+ * log-softmax (0 for ignored rows); the z-loss term z_loss * lse^2 the loss includes (0 for ignored rows). */
+vpce_status vpce_entropy(vpce_handle handle, void* entropy);
+vpce_status vpce_logprob(vpce_handle handle, void* logprob);
+vpce_status vpce_z_loss_terms(vpce_handle handle, void* z_loss);
 vpce_status vpce_reduced_loss(vpce_handle handle, double* loss);
 
 /* The message of this thread's last failed call ("" if none). */

@@ -310,8 +310,9 @@ class Opts:
     """The maths options of `vpce loss`, with their command-line form."""
 
     def __init__(self, ignore_index=-100, reduction="none", label_smoothing=0.0, z_loss=0.0, logit_scale=1.0,
-                 softcap=0.0, flags=None):
+                 softcap=0.0, entropy_weight=0.0, flags=None):
         self.ignore_index = ignore_index
+        self.b = entropy_weight
         self.reduction = reduction
         self.a = label_smoothing
         self.z = z_loss
@@ -328,7 +329,8 @@ class Opts:
         if self.reduction != "none":
             out += ["--reduction", self.reduction]
         for flag, value, default in (("--label-smoothing", self.a, 0.0), ("--z-loss", self.z, 0.0),
-                                     ("--logit-scale", self.scale, 1.0), ("--softcap", self.cap, 0.0)):
+                                     ("--logit-scale", self.scale, 1.0), ("--softcap", self.cap, 0.0),
+                                     ("--entropy-weight", self.b, 0.0)):
             if value != default:
                 out += [flag, repr(value)]
         return out
@@ -336,7 +338,8 @@ class Opts:
 
 def reference_options(z, t, o):
     """docs/design.md, section 1 in float64: per-row loss (0 for ignored rows), gradient of the reduced loss (of the
-    sum of the per-token losses for 'none'), lse per row, reduced loss, number of rows not ignored, g."""
+    sum of the per-token losses for 'none'), lse per row, reduced loss, number of rows not ignored, g, and the
+    per-row outputs {"entropy", "logprob", "z_loss"}."""
     z = np.asarray(z, dtype=np.float64)
     n, v = z.shape
     masked = np.isneginf(z)
@@ -358,22 +361,31 @@ def reference_options(z, t, o):
         e = np.exp(x - m)
         lse = m[:, 0] + np.log(e.sum(axis=1))
         p = np.exp(x - lse[:, None])
-        loss = lse - (1 - o.a) * x[rows, tt] + o.z * lse ** 2
+        px = np.where(p > 0, p * np.where(np.isneginf(x), 0.0, x), 0.0)  # a -inf logit adds nothing
+        mu = px.sum(axis=1)
+        entropy = lse - mu
+        loss = lse - (1 - o.a) * x[rows, tt] + o.z * lse ** 2 + o.b * entropy
         if o.a > 0:
             loss = loss - o.a * np.mean(x, axis=1)
     else:
         lse = np.zeros(0)
         p = np.zeros((0, v))
+        mu = entropy = np.zeros(0)
         loss = np.zeros(0)
     loss = np.where(valid, loss, 0.0)
+    outputs = {"entropy": entropy, "logprob": np.where(valid, x[rows, tt] - lse if n else 0.0, 0.0),
+               "z_loss": np.where(valid, o.z * lse ** 2, 0.0)}
     g = (1.0 / n_valid if n_valid else 0.0) if o.reduction == "mean" else 1.0
     coef = p * (1 + 2 * o.z * lse[:, None]) - o.a / v
+    if o.b != 0:
+        with np.errstate(invalid="ignore"):
+            coef = coef + np.where(p > 0, p * o.b * (mu[:, None] - x), 0.0)
     coef[rows, tt] -= 1 - o.a
     grad = coef * dxdz * g
     grad[~valid] = 0.0
     total = float(np.sum(loss))
     reduced = total / n_valid if (o.reduction == "mean" and n_valid) else (0.0 if o.reduction == "mean" else total)
-    return loss, grad, lse, reduced, valid, g
+    return loss, grad, lse, reduced, valid, g, outputs
 
 
 def suite_options(r):
@@ -392,8 +404,9 @@ def suite_options(r):
         return ["--partition", part] if part else []
 
     def run_case(name, values, t, o, kind="float32", file_bits=None, strategy="fused", mode="fused", grad=True,
-                 lse=False, grad_dtype=None, byteorder="<", extra_args=()):
-        """values: the float64 logits the tool sees (for 16-bit: the values of file_bits)."""
+                 lse=False, grad_dtype=None, byteorder="<", extra_args=(), outputs=()):
+        """values: the float64 logits the tool sees (for 16-bit: the values of file_bits); outputs: of "entropy",
+        "logprob", "z_loss" (--entropy, --logprob, --z-loss-out)."""
         inp = os.path.join(w, "in_%s.h5" % name)
         out = os.path.join(w, "out_%s.h5" % name)
         with h5py.File(inp, "w") as f:
@@ -407,19 +420,21 @@ def suite_options(r):
             os.remove(out)
         args = (["loss", "--input", inp, "--output", out, "--quiet", "--strategy", strategy, "--mode", mode] +
                 next_partition() + o.args() + (["--grad"] if grad else []) + (["--lse"] if lse else []) +
-                (["--grad-dtype", grad_dtype] if grad_dtype else []) + list(extra_args))
+                (["--grad-dtype", grad_dtype] if grad_dtype else []) + list(extra_args) +
+                [{"entropy": "--entropy", "logprob": "--logprob", "z_loss": "--z-loss-out"}[k] for k in outputs])
         res = r.run(args)
         if res.statuses != [0] * r.np or res.vpce_lines():
             raise Failure("%s: expected success\n%s" % (name, res.describe()))
         if leftovers(w, out):
             raise Failure("%s: temporary files left" % name)
-        want_loss, want_grad, want_lse, want_reduced, valid, g = reference_options(values, t, o)
+        want_loss, want_grad, want_lse, want_reduced, valid, g, want_out = reference_options(values, t, o)
         half = kind in ("bfloat16", "float16")
         out_dtype = np.dtype("float64" if kind == "float64" else "float32")
         eps = np.finfo(out_dtype).eps
         tol = eps * (4.0 * np.sqrt(v) + 16.0)
         # Errors are relative to the size of what the row's loss and gradient are made of.
-        row_scale = np.maximum(1.0, np.abs(want_lse)) * (1 + 2 * o.z * np.abs(want_lse)) * max(1.0, o.scale)
+        row_scale = (np.maximum(1.0, np.abs(want_lse)) * (1 + 2 * o.z * np.abs(want_lse)) * max(1.0, o.scale) *
+                     (1 + abs(o.b)))
         problems = []
 
         def compare(what, got, want, allowed):
@@ -439,7 +454,8 @@ def suite_options(r):
 
         with h5py.File(out, "r") as f:
             names = set(f.keys())
-            expect_names = {"loss"} | ({"grad_logits"} if grad else set()) | ({"lse"} if lse else set())
+            expect_names = ({"loss"} | ({"grad_logits"} if grad else set()) | ({"lse"} if lse else set()) |
+                            set(outputs))
             if names != expect_names:
                 raise Failure("%s: datasets %s, expected %s" % (name, sorted(names), sorted(expect_names)))
             got = f["loss"]
@@ -458,6 +474,11 @@ def suite_options(r):
                 if got.dtype != out_dtype:
                     problems.append("/lse is %s, expected %s" % (got.dtype, out_dtype))
                 compare("/lse", got[...].astype(np.float64), want_lse, tol * np.maximum(1.0, np.abs(want_lse)))
+            for k in outputs:
+                got = f[k]
+                if got.dtype != out_dtype:
+                    problems.append("/%s is %s, expected %s" % (k, got.dtype, out_dtype))
+                compare("/" + k, got[...].astype(np.float64), want_out[k], tol * row_scale)
             if grad:
                 d = f["grad_logits"]
                 allowed = tol * row_scale[:, None] * g
@@ -508,11 +529,13 @@ def suite_options(r):
         ("zloss", Opts(z_loss=0.01), t, masked),
         ("scale", Opts(logit_scale=0.37), t, masked),
         ("softcap", Opts(softcap=5.0), t, masked),  # caps the 40 and the -60s; -inf stays -inf
+        ("entropy_bonus", Opts(entropy_weight=-0.3), t, masked),
     ]
     combos = [
         ("comboA", Opts(ignore_index=-1, reduction="mean", label_smoothing=0.2, z_loss=0.01, logit_scale=1.7,
                         softcap=8.0), t_neg, plain),
-        ("comboB", Opts(reduction="sum", z_loss=1e-3, logit_scale=0.8, softcap=12.0), t_def, masked),
+        ("comboB", Opts(reduction="sum", z_loss=1e-3, logit_scale=0.8, softcap=12.0, entropy_weight=0.05), t_def,
+         masked),
     ]
     # Each option alone for every strategy x mode at 2 ranks, and once (strategy and mode rotating) at 3 ranks.
     # One combination per strategy x mode at each number of ranks (alternating: at 2 ranks the other one).
@@ -521,13 +544,13 @@ def suite_options(r):
         modes = all_modes if r.np == 2 else [all_modes[(k + r.np) % 6]] if r.np == 3 else []
         for strategy, mode in modes:
             run_case("%s_%s_%s" % (label, strategy, mode), values, tt, o, strategy=strategy, mode=mode,
-                     lse=(k % 2 == 0))
+                     lse=(k % 2 == 0), outputs=[("entropy", "logprob", "z_loss")[k % 3]] if k % 2 else ())
             k += 1
     for j, (strategy, mode) in enumerate(all_modes):
         for c, (label, o, tt, values) in enumerate(combos):
             if (c + j + (r.np == 2)) % 2 == 0:
                 run_case("%s_%s_%s" % (label, strategy, mode), values, tt, o, strategy=strategy, mode=mode,
-                         lse=True, grad_dtype="logits" if c else None)
+                         lse=True, grad_dtype="logits" if c else None, outputs=("entropy", "logprob", "z_loss"))
     # float64 logits, with options; its gradient as float32 on request (at 2 ranks).
     x64, t64 = make_case(n, v, "float64", 12)
     x64[2, :10] = -25.0
@@ -672,6 +695,8 @@ def suite_errors(r):
         parse_only=True)
     add("z_loss_inf", loss + ["--input", good, "--z-loss", "inf"], ["--z-loss inf: must be a finite number"],
         status=2, parse_only=True)
+    add("entropy_weight_nan", loss + ["--input", good, "--entropy-weight", "nan"],
+        ["--entropy-weight nan: must be a finite number"], status=2, parse_only=True)
     add("ignore_index_word", loss + ["--input", good, "--ignore-index", "1.5"], ["--ignore-index 1.5: not an integer"],
         status=2, parse_only=True)
     add("bad_grad_dtype", loss + ["--input", good, "--grad-dtype", "float64"], ["--grad-dtype float64",
@@ -1023,7 +1048,7 @@ def suite_linear(r):
             raise Failure("%s: temporary files left" % name)
         h64, w64 = hidden.astype(np.float64), weight.astype(np.float64)
         z = h64 @ w64.T
-        want_loss, want_dz, want_lse, want_reduced, valid, g = reference_options(z, t, o)
+        want_loss, want_dz, want_lse, want_reduced, valid, g, _ = reference_options(z, t, o)
         eps = np.finfo(np.dtype(dtype)).eps
         # The logits themselves carry the gemm's rounding: a few ulps of |h| |w| (H terms).
         tol = eps * (4.0 * np.sqrt(v) + 16.0 + 8.0 * hsz)

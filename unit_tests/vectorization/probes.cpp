@@ -32,13 +32,23 @@ vpce::impl::KernelArgs<S, T, Host> args(const S* x, const std::int64_t* targets)
 
 template <class T>
 using Stats = vpce::impl::RowStats<T>;
+/// One record of five values (the entropy's h included): the kernels' loops with and without the entropy
+/// are both compiled (which one runs is decided at run time).
+template <class T>
+vpce::impl::Records<T, Host> records(Stats<std::remove_const_t<T>>* r) {
+  return {Kokkos::View<T*, Host>(reinterpret_cast<T*>(r), 5), 5};
+}
+template <class T>
+vpce::impl::Records<T, Host> records(const Stats<std::remove_const_t<T>>* r) {
+  return {Kokkos::View<T*, Host>(reinterpret_cast<T*>(r), 5), 5};
+}
 template <class T>
 using ChunkMax = Kokkos::View<T**, Kokkos::LayoutRight, Host>;
 
 // Statistics of one row: max and exp-and-sum loops, with the exps stored into y when y is set (G == T).
 template <class S, class T, bool Capped>
 void stats(const S* x, const std::int64_t* targets, Stats<T>* out, T* y, T* chunk_max) {
-  const vpce::impl::LocalStats<S, T, Host, Capped> f(args<S, T>(x, targets), Kokkos::View<Stats<T>*, Host>(out, 1),
+  const vpce::impl::LocalStats<S, T, Host, Capped> f(args<S, T>(x, targets), records<T>(out),
                                                      RowPtr<T>{y, width, 0}, ChunkMax<T>(chunk_max, 1, 2));
   f.row(HostInner{}, 0);
 }
@@ -49,7 +59,7 @@ template <class S, class T, class G, Write What, Source From, bool Capped, bool 
 void finalize(const S* x, const std::int64_t* targets, const Stats<T>* stats, T* loss, T* lse, G* y, const T* chunk_max,
               T* stash_target, const T* e) {
   const vpce::impl::Finalize<S, T, G, Host, What, From, Capped> f(
-      args<S, T>(x, targets), Kokkos::View<const Stats<T>*, Host>(stats, 1),
+      args<S, T>(x, targets), records<const T>(stats),
       vpce::impl::LossOut<T, Host>{Kokkos::View<T*, Host>(loss, 1), Kokkos::View<T*, Host>(lse, 1)},
       RowPtr<G>{y, width, 0}, vpce::impl::GradScale<T, Host>{{}, T(1)}, Kokkos::View<T*, Host>(stash_target, 1),
       vpce::impl::StoredExps<T, Host>{{e, width, 0}, Kokkos::View<const T**, Kokkos::LayoutRight, Host>(chunk_max, 1, 2)},

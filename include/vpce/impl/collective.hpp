@@ -29,25 +29,27 @@ inline MPI_Datatype mpi_datatype<std::int64_t>() {
   return MPI_INT64_T;
 }
 
-/// Owns the contiguous datatype of RowStats<T> and the commutative op that applies merge_records()
-/// (status.hpp).
+/// Owns the contiguous datatype of one record (`width` values of T, record_width()) and the commutative op
+/// that applies merge_records() (status.hpp); the op reads the width back from the datatype's size.
 template <class T>
 class StatsReduction {
  public:
-  StatsReduction();
+  explicit StatsReduction(int width);
   ~StatsReduction();
   StatsReduction(const StatsReduction&) = delete;
   StatsReduction& operator=(const StatsReduction&) = delete;
 
-  /// In-place all-reduce of `count` records in host-accessible memory: start() then wait_all().
-  void allreduce(RowStats<T>* records, std::int64_t count, MPI_Comm comm) const;
+  /// In-place all-reduce of `count` records (count x width values) in host-accessible memory: start() then wait_all().
+  void allreduce(T* records, std::int64_t count, MPI_Comm comm) const;
 
   /// The same, non-blocking (MPI_Iallreduce, split into calls of < 2^31 records): the requests are appended
   /// to `pending`; `records` must not be touched until wait_all(pending) returns. Every rank must start its
   /// all-reduces in the same order.
-  void start(RowStats<T>* records, std::int64_t count, MPI_Comm comm, std::vector<MPI_Request>* pending) const;
+  void start(T* records, std::int64_t count, MPI_Comm comm, std::vector<MPI_Request>* pending) const;
+  int width() const noexcept { return m_width; }
 
  private:
+  int m_width;
   MPI_Datatype m_type = MPI_DATATYPE_NULL;
   MPI_Op m_op = MPI_OP_NULL;
 };

@@ -27,9 +27,10 @@ namespace vpce::impl {
 template <class T, class MemSpace>
 struct Workspace {
   /// Per row: the local, then the merged statistics (the fused strategy's all-reduces, and what Finalize and
-  /// backward() read), staged on the host for the records' merge; the head block's padding and call status
-  /// ride behind its rows.
+  /// backward() read), `width` values each (record_width), staged on the host for the records' merge; the
+  /// head block's padding and call status ride behind its rows.
   Staged<records_view<T, MemSpace>, MpiOp::host_function> records;
+  int width = 4;
   Kokkos::View<T*, MemSpace> lse;
   chunk_max_view<T, MemSpace> chunk_max;  ///< per row chunk, the max its stored exps are relative to
   /// The fused strategy's exp(x - m) on the host: two blocks' worth, which stay in cache, so the caller's rows
@@ -41,6 +42,13 @@ struct Workspace {
   Staged<Kokkos::View<T*, MemSpace>> seed_head;
   Kokkos::View<T**, Kokkos::LayoutRight, MemSpace> stash;  ///< forward() in stash mode: N x V_local
   Kokkos::View<T*, MemSpace> stash_target;
+  Kokkos::View<T*, MemSpace> row_output;  ///< entropy(), logprob() or z_loss_terms(), computed when asked
+
+  /// The records as the kernels see them, and their part [r0, r1) as MPI does.
+  Records<T, MemSpace> recs() const { return {records.view(), width}; }
+  auto record_part(std::int64_t r0, std::int64_t r1) const {
+    return records.part(std::make_pair(r0 * width, r1 * width));
+  }
 
   /// Room for n rows (and the fused head's padding and status: head_rows + status_records records), a
   /// scratch of scratch_rows x v_local exps, the seed strategy's statistics, the stash.
@@ -88,6 +96,10 @@ class CrossEntropyCore {
                : Store::plain;
   }
   Params<T> params() const;
+  /// Every record carries h (the entropy's sum): the entropy is asked for, or weighs in the loss.
+  static bool wants_entropy(const Options& o) noexcept { return o.entropy || o.entropy_weight != 0; }
+  /// A per-row output of the last call (entropy(), logprob(), z_loss_terms()), into ws.row_output.
+  Kokkos::View<const T*, memory_space> row_output(RowOutput what);
   KernelArgs<Scalar, T, memory_space> kernel_args(const Scalar* x, std::int64_t ld_x, const targets_view& targets) const {
     return {x, ld_x, part.local_size(), part.begin(), targets, params()};
   }
@@ -107,6 +119,7 @@ class CrossEntropyCore {
   std::int64_t n_valid = 0;
   logits_view saved_logits;
   targets_view saved_targets;
+  targets_view last_targets;  ///< of the last call, for the per-row outputs
   bool have_forward = false;
 
  private:
@@ -154,7 +167,8 @@ struct CallContext {
     ScopedRegion region("vpce::loss_grad");
     auto launch = [&](auto write, auto source) {
       Finalize<Scalar, T, G, memory_space, decltype(write)::value, decltype(source)::value, Capped> f(
-          args, core.ws.records.view(), LossOut<T, memory_space>{loss, core.ws.lse}, y, g, core.ws.stash_target,
+          args, Records<const T, memory_space>{core.ws.records.view(), core.ws.width},
+          LossOut<T, memory_space>{loss, core.ws.lse}, y, g, core.ws.stash_target,
           StoredExps<T, memory_space>{{exps.data, exps.ld, exps.row0}, core.ws.chunk_max},
           core.template store<G>());
       for_rows("vpce::finalize", r0, r1, f);
@@ -182,9 +196,12 @@ struct CallContext {
   /// rows [0, written_rows)) become NaN, then every rank throws.
   void check(std::int64_t r0, std::int64_t r1, std::int64_t written_rows) const {
     if (core.opt.non_finite != NonFinite::error) return;
-    const auto& merged = core.ws.records.mpi();
+    const Records<const T, Kokkos::HostSpace> merged{
+        Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(core.ws.records.mpi().data(),
+                                                                          core.ws.records.mpi().span()),
+        core.ws.width};
     for (std::int64_t i = r0; i < r1; ++i) {
-      switch (row_verdict(merged(i))) {
+      switch (row_verdict(merged.load(i))) {
         case RowVerdict::ok:
           break;
         case RowVerdict::non_finite:

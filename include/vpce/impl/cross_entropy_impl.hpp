@@ -39,6 +39,7 @@ inline std::string check_options(const Options& o) {
   if (!(o.logit_scale > 0 && std::isfinite(o.logit_scale)))
     return bad("logit_scale", o.logit_scale, "a finite value > 0");
   if (!(o.softcap >= 0 && std::isfinite(o.softcap))) return bad("softcap", o.softcap, "a finite value >= 0 (0: off)");
+  if (!std::isfinite(o.entropy_weight)) return bad("entropy_weight", o.entropy_weight, "a finite value");
   return {};
 }
 /// The first block of the fused strategy: at most this many rows (its all-reduce is padded to them), and
@@ -53,8 +54,8 @@ void Workspace<T, MemSpace>::reserve(std::int64_t n, std::int64_t head_rows, std
                                      std::int64_t scratch_rows, bool seed_stats, bool stash_rows) {
   auto alloc = [](const char* label) { return Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)); };
   const std::int64_t n_records = std::max(n, head_rows + status_records);
-  if (std::int64_t(records.view().extent(0)) < n_records) {
-    records = decltype(records)(records_view<T, MemSpace>(alloc("vpce::records"), n_records));
+  if (std::int64_t(records.view().extent(0)) < n_records * width) {
+    records = decltype(records)(records_view<T, MemSpace>(alloc("vpce::records"), n_records * width));
     lse = Kokkos::View<T*, MemSpace>(alloc("vpce::lse"), n_records);
     chunk_max = chunk_max_view<T, MemSpace>(alloc("vpce::chunk_max"), n_records,
                                             std::max<std::int64_t>(1, num_chunks(v_local)));
@@ -65,7 +66,7 @@ void Workspace<T, MemSpace>::reserve(std::int64_t n, std::int64_t head_rows, std
     exp_scratch = decltype(exp_scratch)(alloc("vpce::exp_scratch"), scratch_rows, v_local);
   }
   if (seed_stats && std::int64_t(seed.view().extent(0)) < n)
-    seed = decltype(seed)(seed_stats_view<T, MemSpace>(alloc("vpce::seed_stats"), n, 4));
+    seed = decltype(seed)(seed_stats_view<T, MemSpace>(alloc("vpce::seed_stats"), n, width));
   if (seed_stats && seed_head.view().extent(0) == 0)
     seed_head = decltype(seed_head)(Kokkos::View<T*, MemSpace>("vpce::seed_head", seed_head_rows + status_size));
   if (stash_rows && (std::int64_t(stash.extent(0)) < n || std::int64_t(stash.extent(1)) != v_local)) {
@@ -80,7 +81,8 @@ void Workspace<T, MemSpace>::reserve(std::int64_t n, std::int64_t head_rows, std
 template <class Scalar, class ExecSpace>
 CrossEntropyCore<Scalar, ExecSpace>::CrossEntropyCore(const Communicator& comm_, const VocabPartition& partition,
                                                       const Options& options, const ExecSpace& exec_)
-    : comm(comm_), part(partition), opt(options), exec(exec_) {
+    : comm(comm_), part(partition), opt(options), exec(exec_), reduction(record_width(wants_entropy(options))) {
+  ws.width = reduction.width();
   std::string err = check_options(opt);
   if (part.num_ranks() != comm.size()) {
     err = "the partition is for " + std::to_string(part.num_ranks()) + " ranks, the communicator has " +
@@ -111,7 +113,9 @@ CrossEntropyCore<Scalar, ExecSpace>::CrossEntropyCore(const Communicator& comm_,
                             {"Options::label_smoothing (bits)", bits_of(opt.label_smoothing)},
                             {"Options::z_loss (bits)", bits_of(opt.z_loss)},
                             {"Options::logit_scale (bits)", bits_of(opt.logit_scale)},
-                            {"Options::softcap (bits)", bits_of(opt.softcap)}});
+                            {"Options::softcap (bits)", bits_of(opt.softcap)},
+                            {"Options::entropy", opt.entropy ? 1 : 0},
+                            {"Options::entropy_weight (bits)", bits_of(opt.entropy_weight)}});
   // The head (first block) is at most max_head_rows, and its scratch at most max_head_scratch_bytes.
   const std::int64_t scratch_row_bytes = std::max<std::int64_t>(1, part.local_size()) * std::int64_t(sizeof(T));
   const std::int64_t head =
@@ -131,6 +135,8 @@ Params<typename CrossEntropyCore<Scalar, ExecSpace>::T> CrossEntropyCore<Scalar,
   p.alpha = T(opt.label_smoothing);
   p.zeta = T(opt.z_loss);
   p.inv_vocab = T(1.0 / double(part.vocab_size()));
+  p.beta = T(opt.entropy_weight);
+  p.entropy = wants_entropy(opt);
   p.ignore_index = opt.ignore_index;
   return p;
 }
@@ -167,6 +173,7 @@ void CrossEntropyCore<Scalar, ExecSpace>::call(const logits_view& logits, const 
                                                const grad_loss_view* grad_loss, T grad_scale) {
   ScopedRegion region("vpce::cross_entropy");
   lse_out = {};
+  last_targets = {};
   reduced_loss = std::numeric_limits<double>::quiet_NaN();
   const std::int64_t n_rows = targets.extent(0);
   const std::int64_t v_local = part.local_size();
@@ -193,7 +200,8 @@ void CrossEntropyCore<Scalar, ExecSpace>::call(const logits_view& logits, const 
 
   const bool capped = opt.softcap > 0;
   const bool fused = opt.strategy == Strategy::fused;
-  const std::int64_t scratch_rows = err.empty() && fused && fused_stores_exps(what, capped, use_teams())
+  const std::int64_t scratch_rows =
+      err.empty() && fused && fused_stores_exps(what, capped, use_teams(), opt.entropy_weight != 0)
                                         ? scratch_slots(n_rows, head_rows, block_rows).rows
                                         : 0;
   ws.reserve(n_rows, head_rows, v_local, scratch_rows, !fused, what == Write::stash && err.empty());
@@ -207,6 +215,7 @@ void CrossEntropyCore<Scalar, ExecSpace>::call(const logits_view& logits, const 
     run_strategy<G, false>(logits, targets, loss, what, y, g, status, err);
   }
   lse_out = Kokkos::subview(ws.lse, std::make_pair(std::int64_t(0), n_rows));
+  last_targets = targets;
   const double total = ordered_sum(exec, loss);
   reduced_loss = opt.reduction == Reduction::mean ? (n_valid > 0 ? total / double(n_valid) : 0.0) : total;
   fence(exec, "vpce::cross_entropy");
@@ -266,10 +275,34 @@ void CrossEntropyCore<Scalar, ExecSpace>::backward_rows(const GradScale<T, memor
   } else {
     // The records hold the merged statistics of the last forward; lse is recomputed from them.
     const Finalize<Scalar, T, G, memory_space, Write::grad, Source::logits, Capped> f(
-        kernel_args(saved_logits.data(), std::int64_t(saved_logits.stride(0)), saved_targets), ws.records.view(),
+        kernel_args(saved_logits.data(), std::int64_t(saved_logits.stride(0)), saved_targets), ws.recs(),
         LossOut<T, memory_space>::none(), y, g, ws.stash_target, StoredExps<T, memory_space>{}, store<G>());
     for_rows("vpce::backward_recompute", exec, 0, n_rows, f, use_teams());
   }
+}
+
+template <class Scalar, class ExecSpace>
+Kokkos::View<const typename CrossEntropyCore<Scalar, ExecSpace>::T*, typename ExecSpace::memory_space>
+CrossEntropyCore<Scalar, ExecSpace>::row_output(RowOutput what) {
+  VPCE_THROW_IF(what == RowOutput::entropy && !wants_entropy(opt),
+                "entropy() needs Options::entropy (or an entropy_weight): the entropy's statistic travels in the "
+                "collective only when asked for");
+  const std::int64_t n = lse_out.extent(0);
+  if (last_targets.data() == nullptr && n == 0) return {};  // the last call failed, or there was none
+  if (std::int64_t(ws.row_output.extent(0)) < n)
+    ws.row_output = Kokkos::View<T*, memory_space>(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("vpce::row_output")), n);
+  const RowOutputs<T, memory_space> f{Records<const T, memory_space>{ws.records.view(), ws.width},
+                                      lse_out,
+                                      last_targets,
+                                      ws.row_output,
+                                      what,
+                                      opt.ignore_index,
+                                      T(opt.z_loss)};
+  Kokkos::parallel_for("vpce::row_output", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, n),
+                       f);
+  fence(exec, "vpce::row_output");
+  return Kokkos::subview(ws.row_output, std::make_pair(std::int64_t(0), n));
 }
 
 }  // namespace impl
@@ -361,6 +394,24 @@ Kokkos::View<const typename CrossEntropy<Scalar, ExecSpace>::compute_type*,
              typename CrossEntropy<Scalar, ExecSpace>::memory_space>
 CrossEntropy<Scalar, ExecSpace>::lse() const {
   return m_core->lse_out;
+}
+template <class Scalar, class ExecSpace>
+Kokkos::View<const typename CrossEntropy<Scalar, ExecSpace>::compute_type*,
+             typename CrossEntropy<Scalar, ExecSpace>::memory_space>
+CrossEntropy<Scalar, ExecSpace>::entropy() const {
+  return m_core->row_output(impl::RowOutput::entropy);
+}
+template <class Scalar, class ExecSpace>
+Kokkos::View<const typename CrossEntropy<Scalar, ExecSpace>::compute_type*,
+             typename CrossEntropy<Scalar, ExecSpace>::memory_space>
+CrossEntropy<Scalar, ExecSpace>::logprob() const {
+  return m_core->row_output(impl::RowOutput::logprob);
+}
+template <class Scalar, class ExecSpace>
+Kokkos::View<const typename CrossEntropy<Scalar, ExecSpace>::compute_type*,
+             typename CrossEntropy<Scalar, ExecSpace>::memory_space>
+CrossEntropy<Scalar, ExecSpace>::z_loss_terms() const {
+  return m_core->row_output(impl::RowOutput::z_loss);
 }
 template <class Scalar, class ExecSpace>
 double CrossEntropy<Scalar, ExecSpace>::reduced_loss() const noexcept {

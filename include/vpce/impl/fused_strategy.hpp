@@ -38,13 +38,18 @@ inline ScratchSlots scratch_slots(std::int64_t n, std::int64_t head_rows, std::i
 }
 
 /// Whether a call keeps the host's exps in the scratch (see the file comment).
-inline bool fused_stores_exps(Write what, bool capped, bool teams) { return what != Write::loss && !capped && !teams; }
+/// Not with an entropy weight: its gradient term needs x_j, which Finalize then reads from the logits.
+inline bool fused_stores_exps(Write what, bool capped, bool teams, bool entropy_weight) {
+  return what != Write::loss && !capped && !teams && !entropy_weight;
+}
 
 template <class Ctx>
 class FusedStrategy {
  public:
   explicit FusedStrategy(const Ctx& c)
-      : c(c), ws(c.core.ws), store_exps(fused_stores_exps(c.what, Ctx::capped, c.core.use_teams())) {}
+      : c(c),
+        ws(c.core.ws),
+        store_exps(fused_stores_exps(c.what, Ctx::capped, c.core.use_teams(), c.core.opt.entropy_weight != 0)) {}
 
   void run() {
     const std::int64_t n = c.n_rows;
@@ -76,8 +81,7 @@ class FusedStrategy {
  private:
   using T = typename Ctx::T;
   using memory_space = typename Ctx::memory_space;
-  using Part = decltype(std::declval<const Workspace<T, memory_space>&>().records.part(
-      std::make_pair(std::int64_t(0), std::int64_t(0))));
+  using Part = decltype(std::declval<const Workspace<T, memory_space>&>().record_part(0, 0));
   using Pending = PendingReduction<Part>;
 
   std::int64_t block_end(std::int64_t r0) const { return std::min(c.n_rows, r0 + c.core.block_rows); }
@@ -94,7 +98,7 @@ class FusedStrategy {
   void statistics(std::int64_t block, std::int64_t r0, std::int64_t r1) const {
     ScopedRegion region("vpce::stats");
     using Stats = LocalStats<typename Ctx::Scalar, T, memory_space, Ctx::capped>;
-    c.for_rows("vpce::local_stats", r0, r1, Stats(c.args, ws.records.view(), exps(block, r0), ws.chunk_max));
+    c.for_rows("vpce::local_stats", r0, r1, Stats(c.args, ws.recs(), exps(block, r0), ws.chunk_max));
   }
 
   /// The head block's all-reduce: head_rows records (this rank's statistics of its rows, the merge's identity
@@ -103,23 +107,22 @@ class FusedStrategy {
     ScopedRegion region("vpce::collective");
     const std::int64_t head = c.core.head_rows;
     const std::int64_t mine = c.ok() ? h0 : 0;  // rows with this rank's statistics
-    std::vector<RowStats<T>> tail(head - mine + status_records, RowStats<T>{neg_inf<T>(), T(0), T(0), T(0)});
-    encode_status_records(c.status, tail.data() + (head - mine));
-    const auto behind = std::make_pair(mine, head + status_records);
+    const int w = ws.width;
+    std::vector<T> tail((head - mine + status_records) * w, T(0));  // the identity: m = -inf, the rest 0
+    for (std::int64_t r = 0; r < head - mine; ++r) tail[r * w] = neg_inf<T>();
+    encode_status_records(c.status, tail.data() + (head - mine) * w, w);
+    const auto behind = std::make_pair(mine * w, (head + status_records) * w);
     Kokkos::deep_copy(c.core.exec, Kokkos::subview(ws.records.view(), behind),
-                      Kokkos::View<const RowStats<T>*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(tail.data(),
-                                                                                                   tail.size()));
-    allreduce(c.core.exec, ws.records.part(std::make_pair(std::int64_t(0), head + status_records)), c.core.reduction,
-              c.core.comm.comm());
-    return status_records_need_agreement(ws.records.mpi().data() + head);
+                      Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(tail.data(), tail.size()));
+    allreduce(c.core.exec, ws.record_part(0, head + status_records), c.core.reduction, c.core.comm.comm());
+    return status_records_need_agreement(ws.records.mpi().data() + head * w, w);
   }
 
   /// A block's all-reduce is non-blocking: started after its statistics, finished after the next block's.
   /// The region "vpce::collective" covers only the time the ranks spend in MPI.
   Pending start_allreduce(std::int64_t r0, std::int64_t r1) const {
     ScopedRegion region("vpce::collective");
-    return impl::start_allreduce(c.core.exec, ws.records.part(std::make_pair(r0, r1)), c.core.reduction,
-                                 c.core.comm.comm());
+    return impl::start_allreduce(c.core.exec, ws.record_part(r0, r1), c.core.reduction, c.core.comm.comm());
   }
   void finish_allreduce(Pending& pending) const {
     ScopedRegion region("vpce::collective");

@@ -46,26 +46,35 @@ KOKKOS_INLINE_FUNCTION std::int64_t num_chunks(std::int64_t n) { return (n + chu
 
 /// The statistics of a row or a slice of it: m = max x, s = sum exp(x - m) (an element of -inf adds
 /// nothing, a NaN makes s NaN), zmax = the max of the raw logits (+inf is caught there even when the
-/// softcap makes x finite), sx = the sum of x. add() and join() are the online form (a device's threads).
+/// softcap makes x finite), sx = the sum of x, h = sum exp(x - m) (x - m) (the entropy's term, only where
+/// asked for). add() and join() are the online form (a device's threads).
 template <class T>
 struct OnlineStats {
-  T m, s, zmax, sx;
+  T m, s, zmax, sx, h;
   /// Adds column value x (raw logit z).
   KOKKOS_INLINE_FUNCTION void add(T z, T x) {
-    const RowStats<T> r =
-        merge(RowStats<T>{m, s, T(0), T(0)}, RowStats<T>{x, x == neg_inf<T>() ? T(0) : T(1), T(0), T(0)});
+    const RowStats<T> r = merge(RowStats<T>{m, s, T(0), T(0), h},
+                                RowStats<T>{x, x == neg_inf<T>() ? T(0) : T(1), T(0), T(0), T(0)});
     m = r.m;
     s = r.s;
+    h = r.h;
     zmax = z > zmax ? z : zmax;
     sx += x;
   }
-  KOKKOS_INLINE_FUNCTION void join(T m2, T s2, T zmax2, T sx2) {
-    const RowStats<T> r = merge(RowStats<T>{m, s, T(0), T(0)}, RowStats<T>{m2, s2, T(0), T(0)});
+  KOKKOS_INLINE_FUNCTION void join(T m2, T s2, T zmax2, T sx2, T h2) {
+    const RowStats<T> r = merge(RowStats<T>{m, s, T(0), T(0), h}, RowStats<T>{m2, s2, T(0), T(0), h2});
     m = r.m;
     s = r.s;
+    h = r.h;
     zmax = zmax2 > zmax ? zmax2 : zmax;
     sx += sx2;
   }
+};
+
+/// K sums formed in one pass (HostInner::sums_max).
+template <class T, int K>
+struct Terms {
+  T v[K];
 };
 
 /// Rows of a matrix a kernel writes or reads: row i at data + (i - row0) * ld.
@@ -107,40 +116,54 @@ struct HostInner {
   /// sum(n, f), and *max = the max of g(j) over the same columns, in the same pass.
   template <class T, class F, class G>
   KOKKOS_FORCEINLINE_FUNCTION T sum_max(std::int64_t n, const F& f, const G& g, T* max) const {
+    return sums_max<T, 1>(
+               n, [&](std::int64_t j) { return Terms<T, 1>{{f(j)}}; }, g, max)
+        .v[0];
+  }
+  /// K sums at once, f(j) giving column j's K terms (Terms<T, K>), each summed as sum() does, and *max = the
+  /// max of g(j), in one pass.
+  template <class T, int K, class F, class G>
+  KOKKOS_FORCEINLINE_FUNCTION Terms<T, K> sums_max(std::int64_t n, const F& f, const G& g, T* max) const {
     constexpr std::int64_t lanes = 16, chunk = 32 * lanes;
-    double total[lanes] = {};
+    double total[K][lanes] = {};
     T mx[lanes];
     for (std::int64_t l = 0; l < lanes; ++l) mx[l] = neg_inf<T>();
     const std::int64_t whole = n - n % lanes;
     for (std::int64_t j0 = 0; j0 < whole; j0 += chunk) {
       const std::int64_t j1 = j0 + chunk < whole ? j0 + chunk : whole;
-      T part[lanes] = {};
+      T part[K][lanes] = {};
       for (std::int64_t j = j0; j < j1; j += lanes) {
         VPCE_SIMD
         for (std::int64_t l = 0; l < lanes; ++l) {
-          part[l] += f(j + l);
+          const Terms<T, K> e = f(j + l);
+          for (int k = 0; k < K; ++k) part[k][l] += e.v[k];
           const T v = g(j + l);
           mx[l] = v > mx[l] ? v : mx[l];
         }
       }
-      VPCE_SIMD
-      for (std::int64_t l = 0; l < lanes; ++l) total[l] += double(part[l]);
+      for (int k = 0; k < K; ++k) {
+        VPCE_SIMD
+        for (std::int64_t l = 0; l < lanes; ++l) total[k][l] += double(part[k][l]);
+      }
     }
-    T rest[lanes] = {};  // the last n % 16 columns, a lane each
+    T rest[K][lanes] = {};  // the last n % 16 columns, a lane each
     VPCE_SIMD
     for (std::int64_t l = 0; l < n - whole; ++l) {
-      rest[l] = f(whole + l);
+      const Terms<T, K> e = f(whole + l);
+      for (int k = 0; k < K; ++k) rest[k][l] = e.v[k];
       const T v = g(whole + l);
       mx[l] = v > mx[l] ? v : mx[l];
     }
-    double t = 0;
+    Terms<T, K> out;
     T m = neg_inf<T>();
-    for (std::int64_t l = 0; l < lanes; ++l) {
-      t += total[l] + double(rest[l]);
-      m = mx[l] > m ? mx[l] : m;
+    for (int k = 0; k < K; ++k) {
+      double t = 0;
+      for (std::int64_t l = 0; l < lanes; ++l) t += total[k][l] + double(rest[k][l]);
+      out.v[k] = T(t);
     }
+    for (std::int64_t l = 0; l < lanes; ++l) m = mx[l] > m ? mx[l] : m;
     *max = m;
-    return T(t);
+    return out;
   }
   template <class F>
   KOKKOS_FORCEINLINE_FUNCTION void for_each(std::int64_t n, const F& f) const {
@@ -178,14 +201,23 @@ struct HostInner {
   /// together, so that the loads overlap the exp; if the max grew, the sum is rescaled; by more than e^80
   /// (the exps might overflow) the chunk is done again in two passes (its max, then its exps, from L1).
   /// z(j): the raw logit of column j in T; x(z): the transform (increasing, so the max of x is x of the max
-  /// of z); with `sum_x`, also the sum of x. With `exps` (a row of n), stores e_j = exp(x_j - m_c) there,
-  /// m_c being the running max when chunk c was stored, given to chunk_max(c, m_c): Finalize then only
-  /// rescales, one exp per element.
+  /// of z); with `sum_x`, also the sum of x; with `entropy`, also h = sum exp(x - m) (x - m), in the exps'
+  /// pass. With `exps` (a row of n), stores e_j = exp(x_j - m_c) there, m_c being the running max when chunk
+  /// c was stored, given to chunk_max(c, m_c): Finalize then only rescales, one exp per element.
   template <class T, class Z, class X, class ChunkMax>
-  KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online_stats(std::int64_t n, const Z& z, const X& x, bool sum_x, T* exps,
-                                                          const ChunkMax& chunk_max) const {
+  KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online_stats(std::int64_t n, const Z& z, const X& x, bool sum_x,
+                                                          bool entropy, T* exps, const ChunkMax& chunk_max) const {
+    if (entropy) return online<2, T>(n, z, x, sum_x, exps, chunk_max);
+    return online<1, T>(n, z, x, sum_x, exps, chunk_max);
+  }
+
+ private:
+  /// online_stats with K = 1 (s) or 2 (s and h) sums.
+  template <int K, class T, class Z, class X, class ChunkMax>
+  KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online(std::int64_t n, const Z& z, const X& x, bool sum_x, T* exps,
+                                                    const ChunkMax& chunk_max) const {
     T zmax = neg_inf<T>(), m = neg_inf<T>(), sx = 0;
-    double acc = 0;
+    double acc = 0, acc_h = 0;  // acc_h: relative to m, as acc
     for (std::int64_t j0 = 0; j0 < n; j0 += chunk_cols) {
       const std::int64_t len = j0 + chunk_cols < n ? chunk_cols : n - j0;
       auto zc = [&](std::int64_t j) { return z(j0 + j); };
@@ -193,11 +225,13 @@ struct HostInner {
       if (sum_x) sx += sum<T>(len, [&](std::int64_t j) { return x(zc(j)); });
       if (m != neg_inf<T>()) {
         T cz;
-        const T sc = exp_sum_max(len, zc, x, yc, m, &cz);
+        const Terms<T, K> sc = exp_sums<K, true>(len, zc, x, yc, m, &cz);
         const T m_new = cz > zmax ? x(cz) : m;
         if (m_new - m <= T(80)) {
           if (yc != nullptr) chunk_max(j0 / chunk_cols, m);  // what the stored exps are relative to
-          acc = (acc + double(sc)) * double(fast_exp(m - m_new));
+          const double e = double(fast_exp(m - m_new)), before = acc + double(sc.v[0]);
+          if constexpr (K == 2) acc_h = (acc_h + double(sc.v[1]) + double(m - m_new) * before) * e;
+          acc = before * e;
           zmax = cz > zmax ? cz : zmax;
           m = m_new;
           continue;
@@ -207,47 +241,76 @@ struct HostInner {
       if (cz > zmax) {
         const T m_new = x(cz);
         // While m was -inf, acc is 0 (or NaN from a NaN among the -inf): it stays as it is.
-        if (m != neg_inf<T>()) acc *= double(fast_exp(m - m_new));
+        if (m != neg_inf<T>()) {
+          const double e = double(fast_exp(m - m_new));
+          if constexpr (K == 2) acc_h = (acc_h + double(m - m_new) * acc) * e;
+          acc *= e;
+        }
         m = m_new;
         zmax = cz;
       }
-      acc += double(exp_sum(len, zc, x, yc, m));
+      T unused;
+      const Terms<T, K> sc = exp_sums<K, false>(len, zc, x, yc, m, &unused);
+      acc += double(sc.v[0]);
+      if constexpr (K == 2) acc_h += double(sc.v[1]);
       if (yc != nullptr) chunk_max(j0 / chunk_cols, m);
     }
-    return {m, T(acc), zmax, sx};
+    return {m, T(acc), zmax, sx, T(acc_h)};
   }
 
- private:
-  /// sum_j exp(x_j - m) over len columns, storing each term in y if set. With m = -inf (every logit -inf or
-  /// NaN) the sum is 0 -- or NaN if a NaN hides among them -- and y gets zeros.
-  template <class T, class Z, class X>
-  KOKKOS_INLINE_FUNCTION T exp_sum(std::int64_t len, const Z& z, const X& x, T* y, T m) const {
-    if (m == neg_inf<T>()) {
-      if (y == nullptr) return sum<T>(len, [&](std::int64_t j) { return nan_or_zero(z(j)); });
-      return sum<T>(len, [&](std::int64_t j) {
-        y[j] = T(0);
-        return nan_or_zero(z(j));
-      });
+  /// Column j's terms against the max m: e = exp(x_j - m), stored in y[j] if `Store`, and with K = 2 also
+  /// e (x_j - m) (0 where e is 0: a -inf logit adds nothing).
+  template <int K, bool Store, class T, class Z, class X>
+  struct ExpTerms {
+    const Z& z;
+    const X& x;
+    T* y;
+    T m;
+    KOKKOS_FORCEINLINE_FUNCTION Terms<T, K> operator()(std::int64_t j) const {
+      const T u = x(z(j)) - m;
+      const T e = fast_exp(u);
+      if constexpr (Store) y[j] = e;
+      if constexpr (K == 1) {
+        return {{e}};
+      } else {
+        return {{e, select(e == T(0), T(0), e * u)}};
+      }
     }
-    if (y == nullptr) return sum<T>(len, [&](std::int64_t j) { return fast_exp(x(z(j)) - m); });
-    return sum<T>(len, [&](std::int64_t j) {
-      const T e = fast_exp(x(z(j)) - m);
-      y[j] = e;
-      return e;
-    });
-  }
-  /// The same for a finite m, and *cz = the max of z over the same columns, in the same pass (sum_max).
-  template <class T, class Z, class X>
-  KOKKOS_INLINE_FUNCTION T exp_sum_max(std::int64_t len, const Z& z, const X& x, T* y, T m, T* cz) const {
-    if (y == nullptr) return sum_max<T>(len, [&](std::int64_t j) { return fast_exp(x(z(j)) - m); }, z, cz);
-    return sum_max<T>(
-        len,
-        [&](std::int64_t j) {
-          const T e = fast_exp(x(z(j)) - m);
-          y[j] = e;
-          return e;
-        },
-        z, cz);
+  };
+
+  /// The K sums of exp(x_j - m) (and e (x_j - m)) over len columns, storing each exp in y if set; with
+  /// `WithMax` also *cz = the max of z over the same columns, in the same pass (m is then finite). With
+  /// m = -inf (every logit so far -inf or NaN) the sums are 0 -- s NaN if a NaN hides among them -- and y
+  /// gets zeros.
+  template <int K, bool WithMax, class T, class Z, class X>
+  KOKKOS_INLINE_FUNCTION Terms<T, K> exp_sums(std::int64_t len, const Z& z, const X& x, T* y, T m, T* cz) const {
+    auto no_max = [](std::int64_t) { return neg_inf<T>(); };
+    if constexpr (!WithMax) {
+      if (m == neg_inf<T>()) {
+        auto zero = [&](std::int64_t j) {
+          Terms<T, K> r{};
+          r.v[0] = nan_or_zero(z(j));
+          return r;
+        };
+        if (y == nullptr) return sums_max<T, K>(len, zero, no_max, cz);
+        return sums_max<T, K>(
+            len,
+            [&](std::int64_t j) {
+              y[j] = T(0);
+              return zero(j);
+            },
+            no_max, cz);
+      }
+    }
+    auto g = [&](std::int64_t j) {
+      if constexpr (WithMax) {
+        return z(j);
+      } else {
+        return no_max(j);
+      }
+    };
+    if (y == nullptr) return sums_max<T, K>(len, ExpTerms<K, false, T, Z, X>{z, x, y, m}, g, cz);
+    return sums_max<T, K>(len, ExpTerms<K, true, T, Z, X>{z, x, y, m}, g, cz);
   }
 };
 
@@ -277,22 +340,24 @@ struct OnlineReducer {
   value_type& value;
   KOKKOS_INLINE_FUNCTION explicit OnlineReducer(value_type& v) : value(v) {}
   KOKKOS_INLINE_FUNCTION void join(value_type& dst, const value_type& src) const {
-    dst.join(src.m, src.s, src.zmax, src.sx);
+    dst.join(src.m, src.s, src.zmax, src.sx, src.h);
   }
   KOKKOS_INLINE_FUNCTION void join(volatile value_type& dst, const volatile value_type& src) const {
-    value_type d{dst.m, dst.s, dst.zmax, dst.sx};
-    d.join(src.m, src.s, src.zmax, src.sx);
+    value_type d{dst.m, dst.s, dst.zmax, dst.sx, dst.h};
+    d.join(src.m, src.s, src.zmax, src.sx, src.h);
     dst.m = d.m;
     dst.s = d.s;
     dst.zmax = d.zmax;
     dst.sx = d.sx;
+    dst.h = d.h;
   }
-  KOKKOS_INLINE_FUNCTION void init(value_type& v) const { v = {neg_inf<T>(), T(0), neg_inf<T>(), T(0)}; }
+  KOKKOS_INLINE_FUNCTION void init(value_type& v) const { v = {neg_inf<T>(), T(0), neg_inf<T>(), T(0), T(0)}; }
   KOKKOS_INLINE_FUNCTION void init(volatile value_type& v) const {
     v.m = neg_inf<T>();
     v.s = T(0);
     v.zmax = neg_inf<T>();
     v.sx = T(0);
+    v.h = T(0);
   }
   KOKKOS_INLINE_FUNCTION value_type& reference() const { return value; }
   KOKKOS_INLINE_FUNCTION result_view_type view() const { return result_view_type(&value); }
@@ -329,7 +394,7 @@ struct TeamInner {
   /// The one-pass statistics of columns [0, n): f(j, stats) adds column j (OnlineStats::add).
   template <class T, class F>
   KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online(std::int64_t n, const F& f) const {
-    OnlineStats<T> r{neg_inf<T>(), T(0), neg_inf<T>(), T(0)};
+    OnlineStats<T> r{neg_inf<T>(), T(0), neg_inf<T>(), T(0), T(0)};
     Kokkos::parallel_reduce(Kokkos::TeamThreadRange(member, n), f, OnlineReducer<T>(r));
     return r;
   }
@@ -347,11 +412,13 @@ struct TeamInner {
   KOKKOS_FORCEINLINE_FUNCTION void barrier() const { member.team_barrier(); }
 
   /// The statistics of a row (HostInner::online_stats's contract) in one read: each thread keeps a running
-  /// (m, s) over its columns, merged across the team. No exps are stored (exps and chunk_max are not used):
-  /// Finalize recomputes them from the logits, which keeps the device's pass count at 2 reads + 1 write.
+  /// (m, s, h) over its columns, merged across the team. No exps are stored (exps and chunk_max are not
+  /// used): Finalize recomputes them from the logits, which keeps the device's pass count at 2 reads + 1
+  /// write.
   template <class T, class Z, class X, class ChunkMax>
   KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online_stats(std::int64_t n, const Z& z, const X& x, bool /*sum_x*/,
-                                                          T* /*exps*/, const ChunkMax& /*chunk_max*/) const {
+                                                          bool /*entropy*/, T* /*exps*/,
+                                                          const ChunkMax& /*chunk_max*/) const {
     return online<T>(n, [&](std::int64_t j, OnlineStats<T>& l) {
       const T zj = z(j);
       l.add(zj, x(zj));
@@ -409,6 +476,8 @@ struct Params {
   T alpha = 0;      ///< label smoothing
   T zeta = 0;       ///< z-loss
   T inv_vocab = 0;  ///< 1 / V (global)
+  T beta = 0;       ///< entropy_weight
+  bool entropy = false;  ///< the records carry h (Options::entropy or an entropy_weight)
   std::int64_t ignore_index = -100;
 
   /// x from the stored z; -inf (masked) stays -inf.
@@ -448,13 +517,14 @@ struct KernelArgs {
   KOKKOS_INLINE_FUNCTION bool valid(std::int64_t i) const { return targets(i) != p.ignore_index; }
 };
 
-/// The records a statistics kernel writes (one per row) and Finalize reads (the merged ones).
+/// The records a statistics kernel writes (one per row) and Finalize reads (the merged ones), flat.
 template <class T, class MemSpace>
-using records_view = Kokkos::View<RowStats<T>*, MemSpace>;
+using records_view = Kokkos::View<T*, MemSpace>;
 /// Per row and chunk of the host's stored exps: the max they are relative to (N x num_chunks(V_local)).
 template <class T, class MemSpace>
 using chunk_max_view = Kokkos::View<T**, Kokkos::LayoutRight, MemSpace>;
-/// The seed strategy's per-row statistics: N x 4 (max, sum, target logit, logit sum), a column per collective.
+/// The seed strategy's per-row statistics: N x 4 (max, sum, target logit, logit sum), a column per collective;
+/// N x 5 with the entropy's h.
 template <class T, class MemSpace>
 using seed_stats_view = Kokkos::View<T**, Kokkos::LayoutLeft, MemSpace>;
 
@@ -466,10 +536,10 @@ class LocalStats {
 
  public:
   /// Statistics only.
-  LocalStats(const KernelArgs<S, T, MemSpace>& args, const records_view<T, MemSpace>& out) : m_a(args), m_out(out) {}
+  LocalStats(const KernelArgs<S, T, MemSpace>& args, const Records<T, MemSpace>& out) : m_a(args), m_out(out) {}
   /// Statistics, and (on the host) the exps of row i stored at exps.row(i), with chunk_max(i, c) the max that
   /// chunk c's exps are relative to.
-  LocalStats(const KernelArgs<S, T, MemSpace>& args, const records_view<T, MemSpace>& out, const RowPtr<T>& exps,
+  LocalStats(const KernelArgs<S, T, MemSpace>& args, const Records<T, MemSpace>& out, const RowPtr<T>& exps,
              const chunk_max_view<T, MemSpace>& chunk_max)
       : m_a(args), m_out(out), m_exps(exps), m_chunk_max(chunk_max) {}
 
@@ -482,15 +552,15 @@ class LocalStats {
     const bool smoothing = p.alpha > T(0);
     const OnlineStats<T> o = in.template online_stats<T>(
         m_a.n, [&](std::int64_t j) { return to_compute(x[j]); },
-        [&](T z) { return p.template transform<Capped>(z); }, smoothing,
+        [&](T z) { return p.template transform<Capped>(z); }, smoothing, p.entropy,
         m_exps.data == nullptr ? nullptr : m_exps.row(i), [&](std::int64_t chunk, T m) { m_chunk_max(i, chunk) = m; });
-    const RowStats<T> r = mark_row(o.m, o.s, t, smoothing ? o.sx : T(0), o.zmax);
-    in.single([&]() { m_out(i) = r; });
+    const RowStats<T> r = mark_row(o.m, o.s, t, smoothing ? o.sx : T(0), p.entropy ? o.h : T(0), o.zmax);
+    in.single([&]() { m_out.store(i, r); });
   }
 
  private:
   KernelArgs<S, T, MemSpace> m_a;
-  records_view<T, MemSpace> m_out;
+  Records<T, MemSpace> m_out;
   RowPtr<T> m_exps;
   chunk_max_view<T, MemSpace> m_chunk_max;
 };
@@ -537,12 +607,21 @@ class LocalSumGather {
     if (p.alpha > T(0))
       sum_x =
           in.template sum<T>(m_a.n, [&](std::int64_t j) { return p.template transform<Capped>(to_compute(x[j])); });
+    T h = 0;  // the entropy's sum of e (x - m) against the global max (a finite one; else the row is marked)
+    if (p.entropy && m != neg_inf<T>() && !seed_max_is_marked(m)) {
+      h = in.template sum<T>(m_a.n, [&](std::int64_t j) {
+        const T u = p.template transform<Capped>(to_compute(x[j])) - m;
+        const T e = fast_exp(u);
+        return select(e == T(0), T(0), e * u);
+      });
+    }
     const std::int64_t c = m_a.local_target(i);
     in.barrier();
     in.single([&]() {
       m_out(i, 1) = s;
       m_out(i, 2) = c >= 0 ? p.template transform<Capped>(to_compute(x[c])) : T(0);
       m_out(i, 3) = sum_x;
+      if (p.entropy) m_out(i, 4) = h;
     });
   }
 
@@ -626,11 +705,12 @@ struct StoredExps {
 };
 
 /// After the collective: loss and lse per row (LossOut), and by `What` the stash or the gradient.
-/// The gradient row is (p_j (1 + 2 zeta lse) - alpha/V - (1 - alpha)[j == target]) * dx_j/dz_j * g_i
-/// (zero for an ignored row). The stash holds the same with g = 1 and without the target term, whose
+/// The gradient row is (p_j (1 + 2 zeta lse + beta (mu - x_j)) - alpha/V - (1 - alpha)[j == target]) *
+/// dx_j/dz_j * g_i (zero for an ignored row), mu = sum_j p_j x_j; the loss adds beta H, the entropy
+/// H = lse - mu = log(s) - h / s from the record. The stash holds the same with g = 1 and without the target term, whose
 /// coefficient (1 - alpha) dx_c/dz_c goes to `stash_target`; backward() then needs only the stash.
 /// Source::logits: p computed from the logits (y may be the logits' own buffer). Source::stored_exp: from
-/// the exps the statistics stored (no softcap), rescaled by exp(m_c - lse).
+/// the exps the statistics stored (no softcap, no entropy weight), rescaled by exp(m_c - lse).
 template <class S, class T, class G, class MemSpace, Write What, Source From, bool Capped>
 class Finalize {
   static_assert(std::is_same_v<T, compute_type_t<S>>, "T is the compute type of S");
@@ -640,7 +720,7 @@ class Finalize {
 
  public:
   /// y: the stash or gradient rows (What != Write::loss); stash_target: per row (Write::stash only).
-  Finalize(const KernelArgs<S, T, MemSpace>& args, const Kokkos::View<const RowStats<T>*, MemSpace>& stats,
+  Finalize(const KernelArgs<S, T, MemSpace>& args, const Records<const T, MemSpace>& stats,
            const LossOut<T, MemSpace>& out, const RowPtr<G>& y, const GradScale<T, MemSpace>& g,
            const Kokkos::View<T*, MemSpace>& stash_target, const StoredExps<T, MemSpace>& stored, Store store)
       : m_a(args), m_stats(stats), m_out(out), m_y(y), m_g(g), m_stash_target(stash_target), m_stored(stored),
@@ -649,8 +729,9 @@ class Finalize {
   template <class Inner>
   KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t i) const {
     const Params<T>& p = m_a.p;
-    const RowStats<T> r = m_stats(i);
+    const RowStats<T> r = m_stats.load(i);
     const T l = r.m + kmath::log(r.s);
+    const T mu = r.h / r.s;  // E[x] - m: the entropy is log(s) - mu
     const bool valid = m_a.valid(i);
     if constexpr (What != Write::loss) {
       G* yr = m_y.row(i);
@@ -683,7 +764,7 @@ class Finalize {
           in.store(
               len, yr + j0, [&](std::int64_t j) { return G(ec[j] * f - k0); }, fix_at - j0, fix, m_store);
         }
-      } else {
+      } else if (p.beta == T(0)) {
         const G fix = G(((fast_exp(xc - l) * kp - ka) - kt) * chain_c);
         in.store(
             m_a.n, yr,
@@ -692,26 +773,67 @@ class Finalize {
               return G((fast_exp(xj - l) * kp - ka) * p.template chain<Capped>(xj));
             },
             fix_at, fix, m_store);
+      } else {
+        // The entropy's term p_j beta (mu - x_j): 0 where p_j is 0 (a -inf logit).
+        const T kb = gi * p.beta;
+        auto term = [&](T xj) {
+          const T e = fast_exp(xj - l);
+          return select(e == T(0), T(0), e * (kp + kb * (mu - (xj - r.m))));
+        };
+        const G fix = G(((term(xc) - ka) - kt) * chain_c);
+        in.store(
+            m_a.n, yr,
+            [&](std::int64_t j) {
+              const T xj = p.template transform<Capped>(to_compute(x[j]));
+              return G((term(xj) - ka) * p.template chain<Capped>(xj));
+            },
+            fix_at, fix, m_store);
       }
       if constexpr (What == Write::stash) in.single([&]() { m_stash_target(i) = kt * chain_c; });
     }
     if (m_out.write) {
       in.single([&]() {
         m_out.lse(i) = l;
-        m_out.loss(i) = valid ? l - (T(1) - p.alpha) * r.t - p.alpha * p.inv_vocab * r.a + p.zeta * l * l : T(0);
+        T loss = l - (T(1) - p.alpha) * r.t - p.alpha * p.inv_vocab * r.a + p.zeta * l * l;
+        if (p.beta != T(0)) loss += p.beta * (kmath::log(r.s) - mu);
+        m_out.loss(i) = valid ? loss : T(0);
       });
     }
   }
 
  private:
   KernelArgs<S, T, MemSpace> m_a;
-  Kokkos::View<const RowStats<T>*, MemSpace> m_stats;
+  Records<const T, MemSpace> m_stats;
   LossOut<T, MemSpace> m_out;
   RowPtr<G> m_y;
   GradScale<T, MemSpace> m_g;
   Kokkos::View<T*, MemSpace> m_stash_target;
   StoredExps<T, MemSpace> m_stored;
   Store m_store;
+};
+
+/// A per-row output from the merged records and lse (RowOutput): the entropy log(s) - h / s of every row;
+/// the target's log-softmax x_t - lse, and the z-loss term zeta lse^2, of each non-ignored row (else 0).
+template <class T, class MemSpace>
+struct RowOutputs {
+  Records<const T, MemSpace> stats;
+  Kokkos::View<const T*, MemSpace> lse;
+  Kokkos::View<const std::int64_t*, MemSpace> targets;
+  Kokkos::View<T*, MemSpace> out;
+  RowOutput what;
+  std::int64_t ignore_index;
+  T zeta;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const {
+    const RowStats<T> r = stats.load(i);
+    const bool valid = targets(i) != ignore_index;
+    if (what == RowOutput::entropy) {
+      out(i) = kmath::log(r.s) - r.h / r.s;
+    } else if (what == RowOutput::logprob) {
+      out(i) = valid ? r.t - lse(i) : T(0);
+    } else {
+      out(i) = valid ? zeta * lse(i) * lse(i) : T(0);
+    }
+  }
 };
 
 /// y(i, j) = value for rows [0, rows) and columns [0, cols) (row stride ld): poisons outputs after an error.

@@ -2,7 +2,7 @@
 /// \file seed_strategy.hpp
 /// \brief The seed strategy: Megatron's forward, collective by collective. MAX all-reduce of the row max,
 /// then SUM of exp against it, then SUM of the target logit (and, with label smoothing only, a SUM of the
-/// logit sums). The first MAX also carries the call status, in a buffer of a fixed size (seed_head_rows +
+/// logit sums; with the entropy only, a SUM of its h). The first MAX also carries the call status, in a buffer of a fixed size (seed_head_rows +
 /// status_size, status.hpp). Kept as the reference the fused strategy is compared with.
 
 #include <algorithm>
@@ -14,13 +14,14 @@
 
 namespace vpce::impl {
 
-/// records(i) = the seed strategy's merged (max, sum, target logit, logit sum) of row i.
+/// records(i) = the seed strategy's merged (max, sum, target logit, logit sum[, h]) of row i.
 template <class T, class MemSpace>
 struct SeedToRecords {
   seed_stats_view<T, MemSpace> seed;
-  records_view<T, MemSpace> records;
+  Records<T, MemSpace> records;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const {
-    records(i) = RowStats<T>{seed(i, 0), seed(i, 1), seed(i, 2), seed(i, 3)};
+    records.store(i, RowStats<T>{seed(i, 0), seed(i, 1), seed(i, 2), seed(i, 3),
+                                 seed.extent(1) > 4 ? seed(i, 4) : T(0)});
   }
 };
 
@@ -46,6 +47,7 @@ class SeedStrategy {
                  LocalSumGather<Scalar, T, memory_space, Ctx::capped>(c.args, ws.seed.view()));
     }
     for (int col = 1; col < (c.core.opt.label_smoothing > 0 ? 4 : 3); ++col) column_allreduce(col, MPI_SUM, 0);
+    if (c.core.ws.width > 4) column_allreduce(4, MPI_SUM, 0);  // the entropy's h
     // 3. The merged records: checked (nothing is written yet), then the loss and gradient.
     merged_records();
     c.check(0, n, /*written_rows=*/0);
@@ -92,8 +94,8 @@ class SeedStrategy {
     const std::int64_t n = c.n_rows;
     Kokkos::parallel_for("vpce::seed_records",
                          Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(c.core.exec, 0, n),
-                         SeedToRecords<T, memory_space>{ws.seed.view(), ws.records.view()});
-    ws.records.part(std::make_pair(std::int64_t(0), n)).to_mpi(c.core.exec);
+                         SeedToRecords<T, memory_space>{ws.seed.view(), ws.recs()});
+    ws.record_part(0, n).to_mpi(c.core.exec);
     fence(c.core.exec, "vpce::seed_stats");
   }
 

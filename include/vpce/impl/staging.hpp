@@ -124,7 +124,7 @@ PendingReduction<Part> start_allreduce(const ExecSpace& exec, const Part& part, 
   part.to_mpi(exec);
   fence(exec, "vpce::before_allreduce");
   std::vector<MPI_Request> requests;
-  op.start(part.mpi.data(), std::int64_t(part.mpi.extent(0)), comm, &requests);
+  op.start(part.mpi.data(), std::int64_t(part.mpi.extent(0)) / op.width(), comm, &requests);
   return PendingReduction<Part>(part, std::move(requests));
 }
 

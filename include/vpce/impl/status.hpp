@@ -11,8 +11,9 @@
 ///   rank found an error or the ranks disagree exactly when status_needs_agreement() says so; every rank
 ///   then goes on to Communicator::agree, which builds the message (the error path only).
 ///   - Fused strategy: the values are `status_records` trailing RowStats records of the head block's
-///     all-reduce, three values per record in (m, t, a), marked by s = -1 (a real record's sum of exps is
-///     >= 0 or NaN); merge_records() combines them field by field with max (the MPI op calls it).
+///     all-reduce, three values per record in (m, t, a) (h, where records have one, is 0), marked by s = -1
+///     (a real record's sum of exps is >= 0 or NaN); merge_records() combines them field by field with max
+///     (the MPI op calls it).
 ///   - Seed strategy: the values follow the row maxima of the first MAX all-reduce, padded with -inf to
 ///     `seed_head_rows` rows: its size never depends on N, so ranks that disagree on N still match.
 /// - A row's verdict (after the merge, row_verdict()): a NaN or +inf logit marks the row's record with
@@ -62,35 +63,50 @@ bool status_needs_agreement(const T* merged) {
 
 inline constexpr int status_records = (status_size + 2) / 3;
 
+/// The status records, flat (`width` values each, record_width()): (m, t, a) hold the values, s = -1.
 template <class T>
-void encode_status_records(const CallStatus& s, RowStats<T>* out) {
+void encode_status_records(const CallStatus& s, T* out, int width) {
   T v[3 * status_records] = {};
   encode_status(s, v);
-  for (int r = 0; r < status_records; ++r) out[r] = {v[3 * r], T(-1), v[3 * r + 1], v[3 * r + 2]};
+  for (int r = 0; r < status_records; ++r) {
+    T* p = out + r * width;
+    for (int k = 0; k < width; ++k) p[k] = T(0);
+    p[0] = v[3 * r];
+    p[1] = T(-1);
+    p[2] = v[3 * r + 1];
+    p[3] = v[3 * r + 2];
+  }
 }
 
 template <class T>
-bool status_records_need_agreement(const RowStats<T>* merged) {
+bool status_records_need_agreement(const T* merged, int width) {
   T v[3 * status_records];
   for (int r = 0; r < status_records; ++r) {
-    v[3 * r] = merged[r].m;
-    v[3 * r + 1] = merged[r].t;
-    v[3 * r + 2] = merged[r].a;
+    const T* p = merged + r * width;
+    v[3 * r] = p[0];
+    v[3 * r + 1] = p[2];
+    v[3 * r + 2] = p[3];
   }
   return status_needs_agreement(v);
 }
 
-/// What the MPI op does: inout[i] = in[i] merged with inout[i] -- merge() for a row's records, the
-/// fieldwise max for the status records.
+/// What the MPI op does on n flat records of `width` values: inout[i] = in[i] merged with inout[i] --
+/// merge() for a row's records, the fieldwise max for the status records (s < 0).
 template <class T>
-void merge_records(const RowStats<T>* in, RowStats<T>* inout, int n) {
+void merge_records(const T* in, T* inout, int n, int width) {
+  const Records<const T, Kokkos::HostSpace> a{Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
+                                                  in, std::size_t(n) * std::size_t(width)),
+                                              width};
+  const Records<T, Kokkos::HostSpace> b{
+      Kokkos::View<T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(inout, std::size_t(n) * std::size_t(width)),
+      width};
   for (int i = 0; i < n; ++i) {
-    if (inout[i].s < T(0)) {  // a status record
-      inout[i].m = in[i].m > inout[i].m ? in[i].m : inout[i].m;
-      inout[i].t = in[i].t > inout[i].t ? in[i].t : inout[i].t;
-      inout[i].a = in[i].a > inout[i].a ? in[i].a : inout[i].a;
+    T* q = inout + std::int64_t(i) * width;
+    if (q[1] < T(0)) {  // a status record
+      const T* p = in + std::int64_t(i) * width;
+      for (int k = 0; k < width; ++k) q[k] = p[k] > q[k] ? p[k] : q[k];
     } else {
-      inout[i] = merge(in[i], inout[i]);
+      b.store(i, merge(a.load(i), b.load(i)));
     }
   }
 }
@@ -104,9 +120,9 @@ inline constexpr std::int64_t seed_head_rows = 8192;
 /// A row's record as the statistics kernels store it: s = NaN when the row holds NaN or +inf (zmax, the
 /// max of the raw logits, is +inf even when the softcap makes x finite), and then m = 0.
 template <class T>
-KOKKOS_INLINE_FUNCTION RowStats<T> mark_row(T m, T s, T t, T a, T zmax) {
+KOKKOS_INLINE_FUNCTION RowStats<T> mark_row(T m, T s, T t, T a, T h, T zmax) {
   if (zmax == -neg_inf<T>()) s = zmax - zmax;
-  RowStats<T> r{m, s, t, a};
+  RowStats<T> r{m, s, t, a, h};
   if (!(s == s)) r.m = 0;
   return r;
 }
