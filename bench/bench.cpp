@@ -209,21 +209,32 @@ std::vector<Record> run_typed(const Communicator& comm, const Config& cfg) {
   // against loss_and_grad/fused of the same run (their cost). The output is asked for after each call, as a
   // user would: entropy (its statistic in the records: 5 values per row instead of 4), the target's
   // log-prob, the z-loss terms (with a z-loss); the entropy weight changes the gradient (no stored exps).
+  // Class weights (all V gathered once, before the timing): alone (a row constant), and with label smoothing
+  // (a term per column: the weights are read beside the logits, no stored exps).
   struct OutputCase {
     const char* name;
     void (*set)(Options&);
     Kokkos::View<const T*, typename CrossEntropy<S>::memory_space> (CrossEntropy<S>::*get)() const;
+    bool weights = false;
   };
   const OutputCase output_cases[] = {
       {"loss_and_grad/fused/entropy", [](Options& o) { o.entropy = true; }, &CrossEntropy<S>::entropy},
       {"loss_and_grad/fused/logprob", [](Options&) {}, &CrossEntropy<S>::logprob},
       {"loss_and_grad/fused/z_loss_out", [](Options& o) { o.z_loss = 1e-4; }, &CrossEntropy<S>::z_loss_terms},
-      {"loss_and_grad/fused/entropy_weight", [](Options& o) { o.entropy_weight = 0.1; }, nullptr}};
+      {"loss_and_grad/fused/entropy_weight", [](Options& o) { o.entropy_weight = 0.1; }, nullptr},
+      {"loss_and_grad/fused/weights", [](Options&) {}, nullptr, true},
+      {"loss_and_grad/fused/smoothing", [](Options& o) { o.label_smoothing = 0.1; }, nullptr},
+      {"loss_and_grad/fused/weights_smoothing", [](Options& o) { o.label_smoothing = 0.1; }, nullptr, true}};
   for (const auto& oc : output_cases) {
     if (!wanted(cfg, oc.name)) continue;
     Options opt = base;
     oc.set(opt);
     CrossEntropy<S> ce(comm, part, opt);
+    if (oc.weights) {
+      Kokkos::View<T*, typename CrossEntropy<S>::memory_space> w("vpce_bench::class_weights", part.local_size());
+      Kokkos::deep_copy(w, T(0.5));
+      ce.set_class_weights(w);
+    }
     add(oc.name, 2 * elem_bytes, [&] {
       ce.loss_and_grad(logits, targets, loss, out, T(1));
       if (oc.get != nullptr) (ce.*oc.get)();

@@ -81,6 +81,24 @@ int main(int argc, char** argv) {
     if (!(lp32[i] <= 0.0f) || fabsf(lp32[i] - lp16[i]) > 1e-5f) fail = 1;
   }
   if (lp32[5] != 0.0f) fail = 1;
+
+  /* Class weights, all 2 here (each rank passes its own columns'): every per-row loss doubles, and the mean,
+   * divided by the valid targets' weights (PyTorch's), stays the same. */
+  float* w = malloc(sizeof(float) * local);
+  for (int64_t j = 0; j < local; ++j) w[j] = 2.0f;
+  float loss_w[16];
+  double mean_w;
+  if (vpce_set_class_weights(h32, w) != VPCE_SUCCESS ||
+      vpce_loss_and_grad(h32, n, x32, targets, loss_w, g32, NULL, 1.0) != VPCE_SUCCESS) {
+    fprintf(stderr, "%s\n", vpce_last_error());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  vpce_reduced_loss(h32, &mean_w);
+  for (int64_t i = 0; i < n; ++i)
+    if (fabsf(loss_w[i] - 2.0f * loss32[i]) > 1e-5f * fabsf(loss32[i])) fail = 1;
+  if (fabs(mean_w - mean32) > 1e-5 * fabs(mean32)) fail = 1;
+  vpce_set_class_weights(h32, NULL); /* removed again */
+  free(w);
   if (rank == 0)
     printf("C API: V = %lld over %d ranks, mean loss float32 %.6f, bfloat16 %.6f, max |grad diff| %.2e, "
            "row 0: entropy %.4f, log-prob %.4f\n",

@@ -23,6 +23,8 @@ struct HandleBase {
   virtual void loss_and_grad(std::int64_t n, const void* logits, const std::int64_t* targets, void* loss, void* grad,
                              const void* grad_loss, double scale) = 0;
   virtual void lse(void* out) const = 0;
+  /// set_class_weights() from this rank's V_local values; NULL: clear_class_weights().
+  virtual void class_weights(const void* local) = 0;
   /// entropy(), logprob() or z_loss_terms() of the last call into out.
   virtual void row_output(vpce::impl::RowOutput what, void* out) const = 0;
   virtual double reduced_loss() const = 0;
@@ -94,6 +96,10 @@ struct Handle final : HandleBase {
       ce.loss_and_grad(x, t, l, grad_view<T>(n, grad), T(scale));
   }
   void lse(void* out) const override { copy_out(ce.lse(), out); }
+  void class_weights(const void* local) override {
+    if (local == nullptr) return ce.clear_class_weights();
+    ce.set_class_weights(Kokkos::View<const T*, HS, Unmanaged>(static_cast<const T*>(local), part.local_size()));
+  }
   void row_output(vpce::impl::RowOutput what, void* out) const override {
     switch (what) {
       case vpce::impl::RowOutput::entropy:
@@ -273,6 +279,13 @@ vpce_status vpce_lse(vpce_handle h, void* lse) {
   return guarded([&] {
     VPCE_CHECK_HANDLE(h);
     h->impl->lse(lse);
+  });
+}
+
+vpce_status vpce_set_class_weights(vpce_handle h, const void* local_weights) {
+  return guarded([&] {
+    VPCE_CHECK_HANDLE(h);
+    h->impl->class_weights(local_weights);
   });
 }
 

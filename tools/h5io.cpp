@@ -362,6 +362,31 @@ void H5File::read_all(const std::string& name, std::int64_t n, T* buf) const {
 }
 
 template <class T>
+void H5File::read_range(const std::string& name, std::int64_t begin, std::int64_t count, T* buf) const {
+  std::string err;
+  H5Handle dset(H5Dopen2(m_file.get(), name.c_str(), H5P_DEFAULT), H5Dclose);
+  if (!dset.valid()) err = with_detail(m_display + ": cannot open dataset " + name);
+  agree(m_comm, err);
+  H5Handle fspace(H5Dget_space(dset.get()), H5Sclose);
+  const hsize_t start[1] = {hsize_t(begin)}, n[1] = {hsize_t(count > 0 ? count : 1)};
+  H5Handle mspace(H5Screate_simple(1, n, nullptr), H5Sclose);
+  T dummy{};
+  herr_t rc = fspace.valid() && mspace.valid() ? 0 : -1;
+  if (rc >= 0 && count > 0) {
+    rc = H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, n, nullptr);
+  } else if (rc >= 0) {  // nothing here: still part of the collective transfer, with nothing selected
+    rc = H5Sselect_none(fspace.get());
+    if (rc >= 0) rc = H5Sselect_none(mspace.get());
+  }
+  if (rc >= 0)
+    rc = H5Dread(dset.get(), native_type<T>(), mspace.get(), fspace.get(), m_dxpl.get(), count > 0 ? buf : &dummy);
+  if (rc < 0)
+    err = with_detail(m_display + ": cannot read entries " + std::to_string(begin) + ".." +
+                      std::to_string(begin + count) + " of dataset " + name);
+  agree(m_comm, err);
+}
+
+template <class T>
 void H5File::create_dataset(const std::string& name, const std::vector<std::int64_t>& dims) {
   create_dataset(name, dims, file_type<T>());
 }
@@ -520,6 +545,8 @@ template void H5File::write_rows<double>(const std::string&, std::int64_t, std::
 template void H5File::read_all<std::int64_t>(const std::string&, std::int64_t, std::int64_t*) const;
 template void H5File::read_all<float>(const std::string&, std::int64_t, float*) const;
 template void H5File::read_all<double>(const std::string&, std::int64_t, double*) const;
+template void H5File::read_range<float>(const std::string&, std::int64_t, std::int64_t, float*) const;
+template void H5File::read_range<double>(const std::string&, std::int64_t, std::int64_t, double*) const;
 template void H5File::create_dataset<float>(const std::string&, const std::vector<std::int64_t>&);
 template void H5File::create_dataset<double>(const std::string&, const std::vector<std::int64_t>&);
 template void H5File::create_dataset<std::uint16_t>(const std::string&, const std::vector<std::int64_t>&);

@@ -112,6 +112,10 @@ class H5File {
   /// Reads the whole 1-D dataset `name` (n entries) on every rank. T: float, double or std::int64_t.
   template <class T>
   void read_all(const std::string& name, std::int64_t n, T* buf) const;
+  /// Reads entries [begin, begin + count) of the 1-D dataset `name` into `buf`, each rank its own range (count
+  /// may be 0), in one collective transfer. T: float or double.
+  template <class T>
+  void read_range(const std::string& name, std::int64_t begin, std::int64_t count, T* buf) const;
 
   /// Creates a dataset of T (float/double/std::uint16_t, little-endian in the file) with the given shape
   /// (contiguous, no fill).

@@ -58,6 +58,7 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, const
     typename Vector::HostMirror host;
   };
   std::vector<RowOut> row_outs;
+  std::vector<T> h_weights;  // this rank's class weights (/weights), if the file has them
   if (cfg.lse) row_outs.push_back({"/lse", &CE::lse, {}});
   if (cfg.entropy) row_outs.push_back({"/entropy", &CE::entropy, {}});
   if (cfg.logprob) row_outs.push_back({"/logprob", &CE::logprob, {}});
@@ -87,6 +88,10 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, const
     h_logits = Kokkos::create_mirror_view(logits);
     h_targets = Kokkos::create_mirror_view(targets);
     file.read_columns<FileElem>("/logits", n, part.begin(), vl, max_vl, reinterpret_cast<FileElem*>(h_logits.data()));
+    if (input.weights) {
+      h_weights.resize(vl);
+      file.read_range<T>("/weights", part.begin(), vl, h_weights.data());
+    }
     return h_targets.data();
   };
   steps.upload = [&] {
@@ -101,6 +106,11 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, const
     opt.entropy = cfg.entropy;
     opt.entropy_weight = cfg.entropy_weight;
     CE ce(comm, part, opt);
+    if (input.weights) {  // this rank's columns of /weights (read in the read step)
+      Vector w(uninitialized("vpce::tool::weights"), vl);
+      Kokkos::deep_copy(w, Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(h_weights.data(), vl));
+      ce.set_class_weights(w);
+    }
     // grad_scale 1: the gradient of the sum of the per-token losses (none), of the sum (sum) or of the mean
     // (mean: the library divides by the number of non-ignored tokens).
     auto compute = [&](const auto& grad) {
@@ -150,6 +160,7 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, const
     }
     for (const auto& r : row_outs) out.create_dataset(r.name, {n}, little_endian_type<T>());
     out.write_attribute("entropy_weight", number_text(cfg.entropy_weight));
+    out.write_attribute("class_weights", input.weights ? "/weights" : "none");
     out.write_attribute("logits_dtype", to_string(dtype_of<Scalar>()));
     out.write_attribute("mode", cfg.grad ? cfg.mode : std::string("forward"));
   };

@@ -32,6 +32,10 @@ const char* const loss_help =
     "                whole vocabulary (ignored rows too), in /loss's type\n"
     "  /logprob      with --logprob, N: the target's log-softmax x_t - lse (0 for ignored rows)\n"
     "  /z_loss       with --z-loss-out, N: each row's z-loss term Z * lse^2, already in /loss (0 if ignored)\n"
+    "An optional dataset /weights in IN.h5 (V values, float32 or float64, finite and >= 0; each rank reads its\n"
+    "own columns) holds class weights w, PyTorch's `weight`: the loss below becomes\n"
+    "  (1 - A) w_t (lse - x_t) + A / V (W lse - sum_j w_j x_j) + Z * lse^2 + B * H,   W = sum_j w_j\n"
+    "and --reduction mean divides by the sum of w_t over the tokens not ignored.\n"
     "OUT.h5 is written under a temporary name in the same folder and renamed when complete; on an error it is\n"
     "not created (an existing one is left as it was).\n"
     "\n"
@@ -247,6 +251,18 @@ LossInput check_loss_input(const Communicator& comm, const H5File& in, const Los
   agree(comm, err);
   r.n = li.dims[0];
   r.v = li.dims[1];
+  // Optional class weights: V values, float32 or float64 (the values are checked by the library).
+  const DatasetInfo wi = in.info("/weights");
+  if (wi.exists) {
+    r.weights = true;
+    check(wi.type_name == "not a dataset", "/weights is not a dataset");
+    check(wi.dims.size() != 1 || wi.dims[0] != r.v, "dataset /weights " + shape_phrase(wi) +
+                                                         "; expected " + std::to_string(r.v) +
+                                                         " class weights (one per column of /logits)");
+    check(!(wi.kind == DatasetInfo::Kind::floating && (wi.type_size == 4 || wi.type_size == 8)),
+          "dataset /weights has type " + wi.type_name + "; expected float32 or float64");
+  }
+  agree(comm, err);
 
   check_partition_sum(cfg, r.v, "loss", "columns", "/logits", file);
   return r;

@@ -62,10 +62,11 @@ struct LossInput {
   std::int64_t n = 0;  ///< tokens (rows)
   std::int64_t v = 0;  ///< vocabulary (columns)
   DType type = DType::float32;  ///< float32, float64, or 16-bit (uint16 bits with a dtype attribute)
+  bool weights = false;         ///< the file has /weights (V class weights)
 };
 
 /// Checks /logits and /targets from the file's metadata (existence, dimensions, types, the dtype attribute of
-/// 16-bit logits, N agreeing) and the --partition against V; collective (errors agreed: vpce::Error, or
+/// 16-bit logits, N agreeing; /weights, if there: V float32 or float64 values) and the --partition against V; collective (errors agreed: vpce::Error, or
 /// UsageError for a --partition that does not add up to V, the same on every rank). `file` names the input.
 LossInput check_loss_input(const Communicator& comm, const H5File& in, const LossConfig& cfg);
 

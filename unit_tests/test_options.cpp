@@ -20,6 +20,7 @@ class OptionsTest : public ::testing::Test {
  protected:
   using scalar = typename C::scalar;
   using cross_entropy = typename C::cross_entropy;
+  using compute = typename cross_entropy::compute_type;
   vpce::Communicator comm{MPI_COMM_WORLD};
 
   /// The partitions of these tests: an uneven even split, and explicit sizes with zero-width ranks.
@@ -28,33 +29,49 @@ class OptionsTest : public ::testing::Test {
     return {all[0], all[2]};
   }
 
-  /// The incoming gradient per row that a path applies under `reduction` (mean: grad_scale / n_valid).
+  /// The incoming gradient per row that a path applies under `reduction` (mean: grad_scale / the valid rows'
+  /// weight, n_valid without class weights).
   static std::vector<double> incoming(const Problem& p, const Reference& ref, Path path, vpce::Reduction reduction) {
     auto g = path_scale(p, path);
     if (reduction == vpce::Reduction::mean) {
-      for (auto& v : g) v = ref.n_valid > 0 ? v / double(ref.n_valid) : 0.0;
+      for (auto& v : g) v = ref.valid_weight > 0 ? v / ref.valid_weight : 0.0;
     }
     return g;
+  }
+
+  /// Class weights for a vocabulary of v: in [0, 2), some exactly 0 (every 7th), the same on every rank.
+  static std::vector<double> class_weights(std::int64_t v, std::uint64_t seed) {
+    Rng rng(seed);
+    std::vector<double> w(v);
+    for (std::int64_t j = 0; j < v; ++j) w[j] = j % 7 == 3 ? 0.0 : double(static_cast<compute>(rng.uniform(0.0, 2.0)));
+    return w;
   }
 
   /// Every strategy x memory mode x path (per-row grad_loss paths only with Reduction::none) matches the
   /// reference: loss, lse, gradient, num_valid() and reduced_loss(); ignored rows get exactly 0.
   /// `edit` adjusts the problem to the partition's vocabulary size (e.g. sets ignored targets).
+  /// With `weighted`, class weights (class_weights()) are set on every CrossEntropy.
   template <class Edit>
-  void expect_all_match(const vpce::Options& base, Edit edit, const std::string& label) {
+  void expect_all_match(const vpce::Options& base, Edit edit, const std::string& label, bool weighted = false) {
     std::uint64_t seed = 500;
     for (const auto& np : partitions()) {
       const auto& part = np.part;
       Problem p = make_problem<scalar>(23, part.vocab_size(), seed++);
       edit(p);
-      const Reference ref = reference(p, base);
+      const std::vector<double> w = class_weights(part.vocab_size(), seed);
+      const Reference ref = reference(p, base, weighted ? &w : nullptr);
       const auto in = make_local<C>(p, part);
+      Kokkos::View<compute*, typename C::memory_space> local_w("local weights", part.local_size());
+      auto h_w = Kokkos::create_mirror_view(local_w);
+      for (std::int64_t j = 0; j < part.local_size(); ++j) h_w(j) = compute(w[part.begin() + j]);
+      Kokkos::deep_copy(local_w, h_w);
       for (auto strategy : {vpce::Strategy::fused, vpce::Strategy::seed}) {
         for (auto mode : {vpce::Mode::stash_softmax, vpce::Mode::recompute}) {
           vpce::Options opt = base;
           opt.strategy = strategy;
           opt.mode = mode;
           cross_entropy ce(comm, part, opt);
+          if (weighted) ce.set_class_weights(local_w);
           for (Path path : all_paths()) {
             if (uses_grad_view(path) && opt.reduction != vpce::Reduction::none) continue;
             const std::string what = label + ", " + np.name + ", " + describe(opt) + ", " + to_string(path);
@@ -67,6 +84,7 @@ class OptionsTest : public ::testing::Test {
             if (opt.entropy || opt.entropy_weight != 0)
               expect_allclose(to_host(ce.entropy()), ref.entropy, Tolerance<scalar>::loss, what + ": entropy");
             EXPECT_EQ(ce.num_valid(), ref.n_valid) << what;
+            EXPECT_TRUE(close(ce.valid_weight(), ref.valid_weight, Tolerance<scalar>::loss)) << what;
             if (opt.reduction != vpce::Reduction::none) {  // none: ReductionNoneReportsTheSum
               const double want = ref.reduced(opt.reduction);
               EXPECT_TRUE(close(ce.reduced_loss(), want, Tolerance<scalar>::loss))
@@ -171,6 +189,47 @@ TYPED_TEST(OptionsTest, EntropyWeight) {
   opt.softcap = 0;
   opt.logit_scale = 1;
   this->expect_all_match(opt, ignore_rows(-100), "entropy_weight -0.2, smoothing, z-loss, mean, team kernels");
+}
+
+// Class weights (PyTorch's `weight`, some of them 0): alone; with label smoothing, ignored rows and the mean
+// (PyTorch's: divided by the valid targets' weights); with everything else too; in the device's form.
+TYPED_TEST(OptionsTest, ClassWeights) {
+  vpce::Options opt;
+  this->expect_all_match(opt, ignore_rows(-100), "class weights", true);
+  opt.label_smoothing = 0.1;
+  opt.reduction = vpce::Reduction::mean;
+  this->expect_all_match(opt, ignore_rows(-100), "class weights, smoothing, ignore, mean", true);
+  opt.z_loss = 1e-3;
+  opt.entropy_weight = 0.2;
+  opt.softcap = 5;
+  this->expect_all_match(opt, ignore_rows(-100), "class weights, smoothing, mean, z-loss, entropy, softcap", true);
+  opt.force_team_kernels = true;
+  opt.softcap = 0;
+  this->expect_all_match(opt, ignore_rows(-100), "class weights, ..., team kernels", true);
+}
+
+// Bad class weights on one rank: the same error on every rank, and the ranks stay in step; weights set and
+// then cleared give the unweighted results.
+TYPED_TEST(OptionsTest, ClassWeightErrors) {
+  using C = TypeParam;
+  using compute = typename C::cross_entropy::compute_type;
+  const auto part = vpce::VocabPartition::even(11, this->comm);
+  typename C::cross_entropy ce(this->comm, part);
+  const int last = this->comm.size() - 1;
+  auto weights = [&](std::int64_t n, double value_on_last) {
+    Kokkos::View<compute*, typename C::memory_space> w("w", n);
+    Kokkos::deep_copy(w, compute(this->comm.rank() == last ? value_on_last : 1.0));
+    return w;
+  };
+  const std::int64_t v = part.local_size();
+  expect_error_on_all_ranks([&] { ce.set_class_weights(weights(this->comm.rank() == last ? v + 1 : v, 1.0)); },
+                            "the class weights have");
+  expect_error_on_all_ranks([&] { ce.set_class_weights(weights(v, -0.5)); }, "is negative or not finite");
+  expect_error_on_all_ranks([&] { ce.set_class_weights(weights(v, std::nan(""))); }, "is negative or not finite");
+  expect_in_step<C>(ce);
+  ce.set_class_weights(weights(v, 3.0));
+  ce.clear_class_weights();
+  expect_in_step<C>(ce);
 }
 
 // entropy() without its statistic is a clear error (local: the options are the same on every rank).

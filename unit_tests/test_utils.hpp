@@ -198,16 +198,22 @@ struct Reference {
   std::vector<double> dloss;  ///< n x v, d loss_i / d z_ij
   std::vector<bool> valid;    ///< target != ignore_index
   std::int64_t n_valid = 0;
-  /// The sum of the losses, or their mean over the valid rows (0 without any), as Options::reduction says.
+  double valid_weight = 0;  ///< sum of the valid targets' class weights (n_valid without weights)
+  /// The sum of the losses, or their mean (PyTorch's: divided by valid_weight; 0 when that is 0), as
+  /// Options::reduction says.
   double reduced(vpce::Reduction r) const {
     double total = 0;
     for (double l : loss) total += l;
     if (r != vpce::Reduction::mean) return total;
-    return n_valid > 0 ? total / double(n_valid) : 0.0;
+    return valid_weight > 0 ? total / valid_weight : 0.0;
   }
 };
 
-inline Reference reference(const Problem& p, const vpce::Options& o = {}) {
+/// With class weights w (PyTorch's definition, W = sum_j w_j):
+///   loss = (1 - alpha) w_t (lse - x_t) + alpha / V (W lse - sum_j w_j x_j) + zeta lse^2 + beta H,
+///   d loss / d z_j = (p_j ((1 - alpha) w_t + alpha W / V + 2 zeta lse + beta (mu - x_j)) - (1 - alpha) w_t [j == t]
+///                     - alpha w_j / V) dx_j/dz_j.
+inline Reference reference(const Problem& p, const vpce::Options& o = {}, const std::vector<double>* weights = nullptr) {
   const double scale = o.logit_scale, cap = o.softcap, alpha = o.label_smoothing, zeta = o.z_loss;
   const double beta = o.entropy_weight;
   Reference r;
@@ -248,23 +254,35 @@ inline Reference reference(const Problem& p, const vpce::Options& o = {}) {
       if (x[j] != -kInf) mu += std::exp(static_cast<long double>(x[j]) - lse) * x[j];
     }
     if (has_nan) mu = kNaN;
+    double big_w = 0;  // W, and sum_j w_j x_j
+    long double wx = 0;
+    if (weights) {
+      for (std::int64_t j = 0; j < p.v; ++j) {
+        big_w += (*weights)[j];
+        wx += (*weights)[j] * x[j];
+      }
+    }
     r.entropy[i] = lse - static_cast<double>(mu);
     const std::int64_t t = p.y[i];
     r.valid[i] = t != o.ignore_index;
     if (!r.valid[i]) continue;  // loss 0, gradient 0
     ++r.n_valid;
+    const double w_t = weights ? (*weights)[t] : 1.0;
+    r.valid_weight += w_t;
     r.logprob[i] = x[t] - lse;
     r.z_loss[i] = zeta * lse * lse;
-    double loss = lse - (1.0 - alpha) * x[t];
-    if (alpha > 0) loss -= alpha * static_cast<double>(sum_x) / double(p.v);
+    double loss = weights ? (1.0 - alpha) * w_t * (lse - x[t]) : lse - (1.0 - alpha) * x[t];
+    if (alpha > 0 && weights) loss += alpha / double(p.v) * (big_w * lse - static_cast<double>(wx));
+    if (alpha > 0 && !weights) loss -= alpha * static_cast<double>(sum_x) / double(p.v);
     if (zeta > 0) loss += zeta * lse * lse;
     if (beta != 0) loss += beta * r.entropy[i];
     r.loss[i] = loss;
     for (std::int64_t j = 0; j < p.v; ++j) {
       const double pj = std::exp(x[j] - lse);
-      double d = pj * (1.0 + 2.0 * zeta * lse) - (j == t ? 1.0 - alpha : 0.0);
+      const double c_lse = weights ? (1.0 - alpha) * w_t + alpha * big_w / double(p.v) : 1.0;
+      double d = pj * (c_lse + 2.0 * zeta * lse) - (j == t ? (1.0 - alpha) * w_t : 0.0);
       if (beta != 0 && pj > 0) d += pj * beta * (static_cast<double>(mu) - x[j]);
-      if (alpha > 0) d -= alpha / double(p.v);
+      if (alpha > 0) d -= alpha * (weights ? (*weights)[j] : 1.0) / double(p.v);
       r.dloss[i * p.v + j] = d * dxdz[j];
     }
   }

@@ -76,6 +76,17 @@ class CrossEntropy {
   CrossEntropy(const CrossEntropy&) = delete;
   CrossEntropy& operator=(const CrossEntropy&) = delete;
 
+  /// Collective. Class weights (PyTorch's `weight`): `local_weights` holds this rank's V_local values, one per
+  /// column it owns, finite and >= 0 (checked on every rank; the same error everywhere). With weights w and
+  /// label smoothing A, per non-ignored row (PyTorch's definition, over the GLOBAL vocabulary, W = sum_j w_j):
+  ///   loss = (1 - A) w_t (lse - x_t) + A / V (W lse - sum_j w_j x_j) + z_loss lse^2 + entropy_weight H
+  /// (the z-loss and entropy terms are not weighted), and Reduction::mean divides the sum by sum_i w_{t_i}
+  /// over the non-ignored rows (0 when that is 0). The weights are gathered once here (every rank keeps all
+  /// V); the calls' collectives do not change. A rank that owns no columns passes an empty View.
+  void set_class_weights(const Kokkos::View<const compute_type*, memory_space>& local_weights);
+  /// Collective: no class weights any more.
+  void clear_class_weights();
+
   /// Per-token loss (0 for ignored rows). Keeps for backward() what options().mode says: the stash
   /// (N x V_local) or the per-row lse together with a reference to `logits`, which must then stay
   /// unchanged until backward().
@@ -119,6 +130,9 @@ class CrossEntropy {
   double reduced_loss() const noexcept;
   /// Rows of the last call whose target is not ignore_index.
   std::int64_t num_valid() const noexcept;
+  /// The sum of the class weights of those rows' targets (num_valid() without class weights): what
+  /// Reduction::mean divides by.
+  double valid_weight() const noexcept;
 
   const Communicator& communicator() const noexcept;
   const VocabPartition& partition() const noexcept;

@@ -30,7 +30,7 @@ module vpce
 
   public :: vpce_initialize, vpce_finalize, vpce_options_default, vpce_create_f, vpce_destroy
   public :: vpce_partition, vpce_forward, vpce_backward, vpce_loss_and_grad, vpce_lse, vpce_reduced_loss
-  public :: vpce_entropy, vpce_logprob, vpce_z_loss_terms
+  public :: vpce_entropy, vpce_logprob, vpce_z_loss_terms, vpce_set_class_weights
   public :: vpce_last_error
 
   interface
@@ -84,6 +84,10 @@ module vpce
     integer(c_int) function vpce_lse(handle, lse) bind(c, name="vpce_lse")
       import :: c_int, c_ptr
       type(c_ptr), value :: handle, lse
+    end function
+    integer(c_int) function vpce_set_class_weights(handle, local_weights) bind(c, name="vpce_set_class_weights")
+      import :: c_int, c_ptr
+      type(c_ptr), value :: handle, local_weights
     end function
     integer(c_int) function vpce_entropy(handle, entropy) bind(c, name="vpce_entropy")
       import :: c_int, c_ptr

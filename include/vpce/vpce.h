@@ -61,6 +61,12 @@ vpce_status vpce_destroy(vpce_handle handle);
 /* This rank's first global column, its width, and the global vocabulary size. */
 vpce_status vpce_partition(vpce_handle handle, int64_t* begin, int64_t* local_vocab, int64_t* vocab);
 
+/* Collective. Class weights (PyTorch's `weight`): this rank's local_vocab values for its own columns, in the
+ * loss's type, finite and >= 0; the mean then divides by the valid targets' weights (vpce/cross_entropy.hpp,
+ * set_class_weights). NULL removes them (every rank must pass NULL then; a rank that owns no columns passes
+ * any other pointer to set them). */
+vpce_status vpce_set_class_weights(vpce_handle handle, const void* local_weights);
+
 /* Collective. Per-token loss; keeps what backward needs (recompute mode: the logits must stay unchanged). */
 vpce_status vpce_forward(vpce_handle handle, int64_t n_tokens, const void* logits, const int64_t* targets,
                          void* loss);

@@ -336,10 +336,10 @@ class Opts:
         return out
 
 
-def reference_options(z, t, o):
+def reference_options(z, t, o, w=None):
     """docs/design.md, section 1 in float64: per-row loss (0 for ignored rows), gradient of the reduced loss (of the
     sum of the per-token losses for 'none'), lse per row, reduced loss, number of rows not ignored, g, and the
-    per-row outputs {"entropy", "logprob", "z_loss"}."""
+    per-row outputs {"entropy", "logprob", "z_loss"}. w: class weights (PyTorch's definition), or None."""
     z = np.asarray(z, dtype=np.float64)
     n, v = z.shape
     masked = np.isneginf(z)
@@ -364,9 +364,15 @@ def reference_options(z, t, o):
         px = np.where(p > 0, p * np.where(np.isneginf(x), 0.0, x), 0.0)  # a -inf logit adds nothing
         mu = px.sum(axis=1)
         entropy = lse - mu
-        loss = lse - (1 - o.a) * x[rows, tt] + o.z * lse ** 2 + o.b * entropy
-        if o.a > 0:
-            loss = loss - o.a * np.mean(x, axis=1)
+        if w is None:
+            loss = lse - (1 - o.a) * x[rows, tt] + o.z * lse ** 2 + o.b * entropy
+            if o.a > 0:
+                loss = loss - o.a * np.mean(x, axis=1)
+        else:
+            w_t = w[tt]
+            loss = (1 - o.a) * w_t * (lse - x[rows, tt]) + o.z * lse ** 2 + o.b * entropy
+            if o.a > 0:
+                loss = loss + o.a / v * (np.sum(w) * lse - np.sum(w * x, axis=1))
     else:
         lse = np.zeros(0)
         p = np.zeros((0, v))
@@ -375,16 +381,22 @@ def reference_options(z, t, o):
     loss = np.where(valid, loss, 0.0)
     outputs = {"entropy": entropy, "logprob": np.where(valid, x[rows, tt] - lse if n else 0.0, 0.0),
                "z_loss": np.where(valid, o.z * lse ** 2, 0.0)}
-    g = (1.0 / n_valid if n_valid else 0.0) if o.reduction == "mean" else 1.0
-    coef = p * (1 + 2 * o.z * lse[:, None]) - o.a / v
+    w_t = np.ones(n) if w is None else w[tt]
+    divisor = float(np.sum(np.where(valid, w_t, 0.0)))
+    g = (1.0 / divisor if divisor > 0 else 0.0) if o.reduction == "mean" else 1.0
+    if w is None:
+        coef = p * (1 + 2 * o.z * lse[:, None]) - o.a / v
+    else:
+        c_lse = (1 - o.a) * w_t + o.a * np.sum(w) / v
+        coef = p * (c_lse[:, None] + 2 * o.z * lse[:, None]) - o.a * w[None, :] / v
     if o.b != 0:
         with np.errstate(invalid="ignore"):
             coef = coef + np.where(p > 0, p * o.b * (mu[:, None] - x), 0.0)
-    coef[rows, tt] -= 1 - o.a
+    coef[rows, tt] -= (1 - o.a) * w_t
     grad = coef * dxdz * g
     grad[~valid] = 0.0
     total = float(np.sum(loss))
-    reduced = total / n_valid if (o.reduction == "mean" and n_valid) else (0.0 if o.reduction == "mean" else total)
+    reduced = total / divisor if (o.reduction == "mean" and divisor > 0) else (0.0 if o.reduction == "mean" else total)
     return loss, grad, lse, reduced, valid, g, outputs
 
 
@@ -404,7 +416,7 @@ def suite_options(r):
         return ["--partition", part] if part else []
 
     def run_case(name, values, t, o, kind="float32", file_bits=None, strategy="fused", mode="fused", grad=True,
-                 lse=False, grad_dtype=None, byteorder="<", extra_args=(), outputs=()):
+                 lse=False, grad_dtype=None, byteorder="<", extra_args=(), outputs=(), weights=None):
         """values: the float64 logits the tool sees (for 16-bit: the values of file_bits); outputs: of "entropy",
         "logprob", "z_loss" (--entropy, --logprob, --z-loss-out)."""
         inp = os.path.join(w, "in_%s.h5" % name)
@@ -416,6 +428,8 @@ def suite_options(r):
             else:
                 f.create_dataset("logits", data=values.astype(np.dtype(kind).newbyteorder(byteorder)))
             f["targets"] = t.astype(np.int64)
+            if weights is not None:
+                f["weights"] = weights
         if os.path.exists(out):
             os.remove(out)
         args = (["loss", "--input", inp, "--output", out, "--quiet", "--strategy", strategy, "--mode", mode] +
@@ -427,14 +441,15 @@ def suite_options(r):
             raise Failure("%s: expected success\n%s" % (name, res.describe()))
         if leftovers(w, out):
             raise Failure("%s: temporary files left" % name)
-        want_loss, want_grad, want_lse, want_reduced, valid, g, want_out = reference_options(values, t, o)
+        want_loss, want_grad, want_lse, want_reduced, valid, g, want_out = reference_options(
+            values, t, o, None if weights is None else weights.astype(np.float64))
         half = kind in ("bfloat16", "float16")
         out_dtype = np.dtype("float64" if kind == "float64" else "float32")
         eps = np.finfo(out_dtype).eps
         tol = eps * (4.0 * np.sqrt(v) + 16.0)
         # Errors are relative to the size of what the row's loss and gradient are made of.
         row_scale = (np.maximum(1.0, np.abs(want_lse)) * (1 + 2 * o.z * np.abs(want_lse)) * max(1.0, o.scale) *
-                     (1 + abs(o.b)))
+                     (1 + abs(o.b)) * (1.0 if weights is None else 1.0 + float(np.max(weights))))
         problems = []
 
         def compare(what, got, want, allowed):
@@ -551,6 +566,19 @@ def suite_options(r):
             if (c + j + (r.np == 2)) % 2 == 0:
                 run_case("%s_%s_%s" % (label, strategy, mode), values, tt, o, strategy=strategy, mode=mode,
                          lse=True, grad_dtype="logits" if c else None, outputs=("entropy", "logprob", "z_loss"))
+    # Class weights (/weights, PyTorch's `weight`, some 0): alone (float64 weights), and with smoothing, ignored
+    # rows and the mean (float32 weights), rotating strategy x mode; the mean divides by the targets' weights.
+    wts = np.random.RandomState(5).uniform(0.0, 2.0, v)
+    wts[::7] = 0.0
+    for j, (strategy, mode) in enumerate(all_modes):
+        if (j + r.np) % 3 == 0:
+            run_case("weights_%s_%s" % (strategy, mode), masked, t_def, Opts(), strategy=strategy, mode=mode,
+                     weights=wts)
+        elif (j + r.np) % 3 == 1:
+            run_case("weights_combo_%s_%s" % (strategy, mode), plain, t_neg,
+                     Opts(ignore_index=-1, reduction="mean", label_smoothing=0.1, z_loss=1e-3, entropy_weight=0.1),
+                     strategy=strategy, mode=mode, weights=wts.astype(np.float32), lse=True)
+
     # float64 logits, with options; its gradient as float32 on request (at 2 ranks).
     x64, t64 = make_case(n, v, "float64", 12)
     x64[2, :10] = -25.0
@@ -621,6 +649,16 @@ def suite_errors(r):
     add("not_hdf5", loss + ["--input", text], ["text.h5", "not an HDF5 file"])
     add("input_is_folder", loss + ["--input", w], ["is a directory"])
     add("no_logits", loss + ["--input", bad_file("no_logits", targets=t)], ["no_logits.h5", "no dataset /logits"])
+    # Class weights: the wrong length, an integer type, a negative weight (the library's check, on every rank).
+    add("weights_length", loss + ["--input", bad_file("weights_length", logits=x, targets=t, weights=np.ones(v - 1))],
+        ["dataset /weights has shape", "expected %d class weights" % v], once=True)
+    add("weights_int", loss + ["--input", bad_file("weights_int", logits=x, targets=t,
+                                                   weights=np.ones(v, dtype=np.int32))],
+        ["dataset /weights has type int32", "expected float32 or float64"], once=True)
+    neg = np.ones(v)
+    neg[v - 1] = -1.0
+    add("weights_negative", loss + ["--input", bad_file("weights_negative", logits=x, targets=t, weights=neg)],
+        ["class weight -1", "of column %d is negative or not finite" % (v - 1)])
     add("no_targets", loss + ["--input", bad_file("no_targets", logits=x)], ["no_targets.h5", "no dataset /targets"])
     add("logits_group", loss + ["--input", bad_file("logits_group", logits="group", targets=t)],
         ["/logits is not a dataset"])

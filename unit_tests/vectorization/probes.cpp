@@ -19,6 +19,12 @@ using Host = Kokkos::HostSpace;
 
 constexpr std::int64_t width = 2 * vpce::impl::chunk_cols;  // two chunks of the one-pass statistics
 
+// Settings the kernels branch on at run time, unknown to the compiler here (volatile), so that every branch's
+// loops are compiled: with and without the entropy's sum, an entropy weight, class weights.
+volatile bool g_entropy = true;
+volatile float g_entropy_weight = 0.1f;
+const void* volatile g_class_weights = nullptr;
+
 template <class S, class T>
 vpce::impl::KernelArgs<S, T, Host> args(const S* x, const std::int64_t* targets) {
   vpce::impl::KernelArgs<S, T, Host> a;
@@ -27,6 +33,9 @@ vpce::impl::KernelArgs<S, T, Host> args(const S* x, const std::int64_t* targets)
   a.n = width;
   a.targets = Kokkos::View<const std::int64_t*, Host>(targets, 1);
   a.p.alpha = T(0.1);  // label smoothing on: the sum-of-logits loops are compiled too
+  a.p.entropy = g_entropy;
+  a.p.beta = T(g_entropy_weight);
+  a.p.weights = static_cast<const T*>(g_class_weights);
   return a;
 }
 

@@ -81,6 +81,8 @@ class CrossEntropyCore {
   void call(const logits_view& logits, const targets_view& targets, const loss_view& loss, Write what, G* grad,
             std::int64_t grad_rows, std::int64_t grad_cols, std::int64_t ld_grad, const grad_loss_view* grad_loss,
             T grad_scale);
+  /// set_class_weights() (clear: clear_class_weights()): collective.
+  void set_class_weights(const Kokkos::View<const T*, memory_space>& local, bool clear);
   /// backward(): no communication, local checks.
   template <class G>
   void backward(const grad_loss_view* grad_loss, T grad_scale, G* grad, std::int64_t rows, std::int64_t cols,
@@ -117,6 +119,11 @@ class CrossEntropyCore {
   Kokkos::View<const T*, memory_space> lse_out;
   double reduced_loss = 0;
   std::int64_t n_valid = 0;
+  double valid_weight = 0;  ///< sum of the targets' class weights over the valid rows (n_valid without weights)
+  /// The class weights of the whole vocabulary (empty: none), their sum, and a host copy (for valid_weight).
+  Kokkos::View<T*, memory_space> weights;
+  typename Kokkos::View<T*, memory_space>::HostMirror weights_host;
+  double weight_sum = 0;
   logits_view saved_logits;
   targets_view saved_targets;
   targets_view last_targets;  ///< of the last call, for the per-row outputs

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "vpce/cross_entropy.hpp"
 #include "vpce/impl/cross_entropy_core.hpp"
@@ -137,6 +138,10 @@ Params<typename CrossEntropyCore<Scalar, ExecSpace>::T> CrossEntropyCore<Scalar,
   p.inv_vocab = T(1.0 / double(part.vocab_size()));
   p.beta = T(opt.entropy_weight);
   p.entropy = wants_entropy(opt);
+  if (weights.extent(0) > 0) {
+    p.weights = weights.data();
+    p.w_over_v = T(weight_sum / double(part.vocab_size()));
+  }
   p.ignore_index = opt.ignore_index;
   return p;
 }
@@ -146,8 +151,19 @@ std::string CrossEntropyCore<Scalar, ExecSpace>::check_targets(const targets_vie
   const std::int64_t v = part.vocab_size();
   const auto c = impl::check_targets(exec, targets, v, opt.ignore_index);
   n_valid = c.n_valid;
+  valid_weight = double(n_valid);
   *checksum = c.checksum;
-  if (c.first_bad == std::int64_t(targets.extent(0))) return {};
+  if (c.first_bad == std::int64_t(targets.extent(0))) {
+    if (weights.extent(0) > 0) {  // in row order on the host: the same bits for any thread count
+      auto t = Kokkos::create_mirror_view(targets);
+      Kokkos::deep_copy(exec, t, targets);
+      exec.fence();
+      valid_weight = 0;
+      for (std::size_t i = 0; i < t.extent(0); ++i)
+        if (t(i) != opt.ignore_index) valid_weight += double(weights_host(t(i)));
+    }
+    return {};
+  }
   std::int64_t bad = 0;
   Kokkos::deep_copy(bad, Kokkos::subview(targets, c.first_bad));
   return "target " + std::to_string(bad) + " of row " + std::to_string(c.first_bad) + " is outside [0, " +
@@ -161,7 +177,7 @@ CrossEntropyCore<Scalar, ExecSpace>::grad_scale_for(const grad_loss_view* grad_l
   if (grad_loss != nullptr && opt.reduction != Reduction::none && err->empty())
     *err = std::string("a per-row grad_loss needs Options::reduction none, not ") + to_string(opt.reduction);
   T value = grad_scale;
-  if (opt.reduction == Reduction::mean) value = n_valid > 0 ? grad_scale / T(n_valid) : T(0);
+  if (opt.reduction == Reduction::mean) value = valid_weight > 0 ? grad_scale / T(valid_weight) : T(0);
   return {grad_loss != nullptr ? *grad_loss : grad_loss_view(), value};
 }
 
@@ -201,7 +217,7 @@ void CrossEntropyCore<Scalar, ExecSpace>::call(const logits_view& logits, const 
   const bool capped = opt.softcap > 0;
   const bool fused = opt.strategy == Strategy::fused;
   const std::int64_t scratch_rows =
-      err.empty() && fused && fused_stores_exps(what, capped, use_teams(), opt.entropy_weight != 0)
+      err.empty() && fused && fused_stores_exps(what, capped, use_teams())
                                         ? scratch_slots(n_rows, head_rows, block_rows).rows
                                         : 0;
   ws.reserve(n_rows, head_rows, v_local, scratch_rows, !fused, what == Write::stash && err.empty());
@@ -217,7 +233,7 @@ void CrossEntropyCore<Scalar, ExecSpace>::call(const logits_view& logits, const 
   lse_out = Kokkos::subview(ws.lse, std::make_pair(std::int64_t(0), n_rows));
   last_targets = targets;
   const double total = ordered_sum(exec, loss);
-  reduced_loss = opt.reduction == Reduction::mean ? (n_valid > 0 ? total / double(n_valid) : 0.0) : total;
+  reduced_loss = opt.reduction == Reduction::mean ? (valid_weight > 0 ? total / valid_weight : 0.0) : total;
   fence(exec, "vpce::cross_entropy");
 }
 
@@ -279,6 +295,53 @@ void CrossEntropyCore<Scalar, ExecSpace>::backward_rows(const GradScale<T, memor
         LossOut<T, memory_space>::none(), y, g, ws.stash_target, StoredExps<T, memory_space>{}, store<G>());
     for_rows("vpce::backward_recompute", exec, 0, n_rows, f, use_teams());
   }
+}
+
+template <class Scalar, class ExecSpace>
+void CrossEntropyCore<Scalar, ExecSpace>::set_class_weights(const Kokkos::View<const T*, memory_space>& local,
+                                                            bool clear) {
+  // Local checks (the same error on every rank through the agreement), then every rank gathers all V.
+  const std::int64_t v_local = part.local_size();
+  std::string err;
+  std::vector<T> mine;
+  if (!clear && std::int64_t(local.extent(0)) != v_local) {
+    err = "the class weights have " + std::to_string(local.extent(0)) + " entries, this rank owns " +
+          std::to_string(v_local) + " columns";
+  } else if (!clear) {
+    mine.resize(v_local);
+    Kokkos::deep_copy(exec, Kokkos::View<T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(mine.data(), mine.size()),
+                      local);
+    exec.fence();
+    for (std::int64_t j = 0; j < v_local; ++j) {
+      if (!(mine[j] >= T(0) && std::isfinite(double(mine[j])))) {
+        err = "class weight " + std::to_string(double(mine[j])) + " of column " + std::to_string(part.begin() + j) +
+              " is negative or not finite (expected finite weights >= 0)";
+        break;
+      }
+    }
+  }
+  if (err.empty() && part.vocab_size() > std::numeric_limits<int>::max())
+    err = "class weights need a vocabulary below 2^31 entries";
+  comm.agree_or_throw(err, {{"whether class weights are set or removed", clear ? 0 : 1}});
+  weights = {};
+  weights_host = {};
+  weight_sum = 0;
+  if (clear) return;
+  std::vector<int> counts(comm.size()), displs(comm.size());
+  for (int r = 0; r < comm.size(); ++r) {
+    counts[r] = static_cast<int>(part.end(r) - part.begin(r));
+    displs[r] = static_cast<int>(part.begin(r));
+  }
+  Kokkos::View<T*, Kokkos::HostSpace> all("vpce::class_weights_host", part.vocab_size());
+  VPCE_MPI_CHECK(MPI_Allgatherv(mine.data(), static_cast<int>(v_local), mpi_datatype<T>(), all.data(), counts.data(),
+                                displs.data(), mpi_datatype<T>(), comm.comm()));
+  for (std::int64_t j = 0; j < part.vocab_size(); ++j) weight_sum += double(all(j));  // in order: the same everywhere
+  weights = Kokkos::View<T*, memory_space>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("vpce::class_weights")),
+                                           part.vocab_size());
+  Kokkos::deep_copy(exec, weights, all);
+  exec.fence();
+  weights_host = Kokkos::create_mirror_view(weights);
+  Kokkos::deep_copy(weights_host, all);
 }
 
 template <class Scalar, class ExecSpace>
@@ -412,6 +475,19 @@ Kokkos::View<const typename CrossEntropy<Scalar, ExecSpace>::compute_type*,
              typename CrossEntropy<Scalar, ExecSpace>::memory_space>
 CrossEntropy<Scalar, ExecSpace>::z_loss_terms() const {
   return m_core->row_output(impl::RowOutput::z_loss);
+}
+template <class Scalar, class ExecSpace>
+void CrossEntropy<Scalar, ExecSpace>::set_class_weights(
+    const Kokkos::View<const compute_type*, memory_space>& local_weights) {
+  m_core->set_class_weights(local_weights, false);
+}
+template <class Scalar, class ExecSpace>
+void CrossEntropy<Scalar, ExecSpace>::clear_class_weights() {
+  m_core->set_class_weights({}, true);
+}
+template <class Scalar, class ExecSpace>
+double CrossEntropy<Scalar, ExecSpace>::valid_weight() const noexcept {
+  return m_core->valid_weight;
 }
 template <class Scalar, class ExecSpace>
 double CrossEntropy<Scalar, ExecSpace>::reduced_loss() const noexcept {

@@ -38,10 +38,7 @@ inline ScratchSlots scratch_slots(std::int64_t n, std::int64_t head_rows, std::i
 }
 
 /// Whether a call keeps the host's exps in the scratch (see the file comment).
-/// Not with an entropy weight: its gradient term needs x_j, which Finalize then reads from the logits.
-inline bool fused_stores_exps(Write what, bool capped, bool teams, bool entropy_weight) {
-  return what != Write::loss && !capped && !teams && !entropy_weight;
-}
+inline bool fused_stores_exps(Write what, bool capped, bool teams) { return what != Write::loss && !capped && !teams; }
 
 template <class Ctx>
 class FusedStrategy {
@@ -49,7 +46,7 @@ class FusedStrategy {
   explicit FusedStrategy(const Ctx& c)
       : c(c),
         ws(c.core.ws),
-        store_exps(fused_stores_exps(c.what, Ctx::capped, c.core.use_teams(), c.core.opt.entropy_weight != 0)) {}
+        store_exps(fused_stores_exps(c.what, Ctx::capped, c.core.use_teams())) {}
 
   void run() {
     const std::int64_t n = c.n_rows;

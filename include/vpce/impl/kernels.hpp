@@ -51,15 +51,15 @@ KOKKOS_INLINE_FUNCTION std::int64_t num_chunks(std::int64_t n) { return (n + chu
 template <class T>
 struct OnlineStats {
   T m, s, zmax, sx, h;
-  /// Adds column value x (raw logit z).
-  KOKKOS_INLINE_FUNCTION void add(T z, T x) {
+  /// Adds column value x (raw logit z); ax is its term of sx (x, or w_j x with class weights).
+  KOKKOS_INLINE_FUNCTION void add(T z, T x, T ax) {
     const RowStats<T> r = merge(RowStats<T>{m, s, T(0), T(0), h},
                                 RowStats<T>{x, x == neg_inf<T>() ? T(0) : T(1), T(0), T(0), T(0)});
     m = r.m;
     s = r.s;
     h = r.h;
     zmax = z > zmax ? z : zmax;
-    sx += x;
+    sx += ax;
   }
   KOKKOS_INLINE_FUNCTION void join(T m2, T s2, T zmax2, T sx2, T h2) {
     const RowStats<T> r = merge(RowStats<T>{m, s, T(0), T(0), h}, RowStats<T>{m2, s2, T(0), T(0), h2});
@@ -124,6 +124,7 @@ struct HostInner {
   /// max of g(j), in one pass.
   template <class T, int K, class F, class G>
   KOKKOS_FORCEINLINE_FUNCTION Terms<T, K> sums_max(std::int64_t n, const F& f, const G& g, T* max) const {
+    static_assert(K == 1 || K == 2, "one or two sums");
     constexpr std::int64_t lanes = 16, chunk = 32 * lanes;
     double total[K][lanes] = {};
     T mx[lanes];
@@ -136,7 +137,8 @@ struct HostInner {
         VPCE_SIMD
         for (std::int64_t l = 0; l < lanes; ++l) {
           const Terms<T, K> e = f(j + l);
-          for (int k = 0; k < K; ++k) part[k][l] += e.v[k];
+          part[0][l] += e.v[0];  // no loop over k here: GCC does not vectorise the l loop around one
+          if constexpr (K > 1) part[1][l] += e.v[1];
           const T v = g(j + l);
           mx[l] = v > mx[l] ? v : mx[l];
         }
@@ -150,7 +152,8 @@ struct HostInner {
     VPCE_SIMD
     for (std::int64_t l = 0; l < n - whole; ++l) {
       const Terms<T, K> e = f(whole + l);
-      for (int k = 0; k < K; ++k) rest[k][l] = e.v[k];
+      rest[0][l] = e.v[0];
+      if constexpr (K > 1) rest[1][l] = e.v[1];
       const T v = g(whole + l);
       mx[l] = v > mx[l] ? v : mx[l];
     }
@@ -201,28 +204,34 @@ struct HostInner {
   /// together, so that the loads overlap the exp; if the max grew, the sum is rescaled; by more than e^80
   /// (the exps might overflow) the chunk is done again in two passes (its max, then its exps, from L1).
   /// z(j): the raw logit of column j in T; x(z): the transform (increasing, so the max of x is x of the max
-  /// of z); with `sum_x`, also the sum of x; with `entropy`, also h = sum exp(x - m) (x - m), in the exps'
-  /// pass. With `exps` (a row of n), stores e_j = exp(x_j - m_c) there, m_c being the running max when chunk
+  /// of z); with `sum_x`, also the sum of x (of w_j x_j with `weights`, a row of n: class weights), in the
+  /// chunk's own pass from L1; with `entropy`, also h = sum exp(x - m) (x - m), in the exps' pass. With `exps` (a row of n), stores e_j = exp(x_j - m_c) there, m_c being the running max when chunk
   /// c was stored, given to chunk_max(c, m_c): Finalize then only rescales, one exp per element.
   template <class T, class Z, class X, class ChunkMax>
   KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online_stats(std::int64_t n, const Z& z, const X& x, bool sum_x,
-                                                          bool entropy, T* exps, const ChunkMax& chunk_max) const {
-    if (entropy) return online<2, T>(n, z, x, sum_x, exps, chunk_max);
-    return online<1, T>(n, z, x, sum_x, exps, chunk_max);
+                                                          const T* weights, bool entropy, T* exps,
+                                                          const ChunkMax& chunk_max) const {
+    if (entropy) return online<2, T>(n, z, x, sum_x, weights, exps, chunk_max);
+    return online<1, T>(n, z, x, sum_x, weights, exps, chunk_max);
   }
 
  private:
   /// online_stats with K = 1 (s) or 2 (s and h) sums.
   template <int K, class T, class Z, class X, class ChunkMax>
-  KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online(std::int64_t n, const Z& z, const X& x, bool sum_x, T* exps,
-                                                    const ChunkMax& chunk_max) const {
+  KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online(std::int64_t n, const Z& z, const X& x, bool sum_x,
+                                                    const T* weights, T* exps, const ChunkMax& chunk_max) const {
     T zmax = neg_inf<T>(), m = neg_inf<T>(), sx = 0;
     double acc = 0, acc_h = 0;  // acc_h: relative to m, as acc
     for (std::int64_t j0 = 0; j0 < n; j0 += chunk_cols) {
       const std::int64_t len = j0 + chunk_cols < n ? chunk_cols : n - j0;
       auto zc = [&](std::int64_t j) { return z(j0 + j); };
       T* yc = exps == nullptr ? nullptr : exps + j0;
-      if (sum_x) sx += sum<T>(len, [&](std::int64_t j) { return x(zc(j)); });
+      if (sum_x && weights != nullptr) {
+        const T* wc = weights + j0;
+        sx += sum<T>(len, [&](std::int64_t j) { return wc[j] * x(zc(j)); });
+      } else if (sum_x) {
+        sx += sum<T>(len, [&](std::int64_t j) { return x(zc(j)); });
+      }
       if (m != neg_inf<T>()) {
         T cz;
         const Terms<T, K> sc = exp_sums<K, true>(len, zc, x, yc, m, &cz);
@@ -417,11 +426,11 @@ struct TeamInner {
   /// write.
   template <class T, class Z, class X, class ChunkMax>
   KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online_stats(std::int64_t n, const Z& z, const X& x, bool /*sum_x*/,
-                                                          bool /*entropy*/, T* /*exps*/,
+                                                          const T* weights, bool /*entropy*/, T* /*exps*/,
                                                           const ChunkMax& /*chunk_max*/) const {
     return online<T>(n, [&](std::int64_t j, OnlineStats<T>& l) {
-      const T zj = z(j);
-      l.add(zj, x(zj));
+      const T zj = z(j), xj = x(zj);
+      l.add(zj, xj, weights != nullptr ? weights[j] * xj : xj);
     });
   }
 };
@@ -478,6 +487,10 @@ struct Params {
   T inv_vocab = 0;  ///< 1 / V (global)
   T beta = 0;       ///< entropy_weight
   bool entropy = false;  ///< the records carry h (Options::entropy or an entropy_weight)
+  /// Class weights of the GLOBAL vocabulary (column begin + j is this rank's column j), or nullptr; their
+  /// sum over V (W / V).
+  const T* weights = nullptr;
+  T w_over_v = 1;
   std::int64_t ignore_index = -100;
 
   /// x from the stored z; -inf (masked) stays -inf.
@@ -552,7 +565,8 @@ class LocalStats {
     const bool smoothing = p.alpha > T(0);
     const OnlineStats<T> o = in.template online_stats<T>(
         m_a.n, [&](std::int64_t j) { return to_compute(x[j]); },
-        [&](T z) { return p.template transform<Capped>(z); }, smoothing, p.entropy,
+        [&](T z) { return p.template transform<Capped>(z); }, smoothing,
+        p.weights == nullptr ? nullptr : p.weights + m_a.begin, p.entropy,
         m_exps.data == nullptr ? nullptr : m_exps.row(i), [&](std::int64_t chunk, T m) { m_chunk_max(i, chunk) = m; });
     const RowStats<T> r = mark_row(o.m, o.s, t, smoothing ? o.sx : T(0), p.entropy ? o.h : T(0), o.zmax);
     in.single([&]() { m_out.store(i, r); });
@@ -604,9 +618,14 @@ class LocalSumGather {
           m_a.n, [&](std::int64_t j) { return fast_exp(p.template transform<Capped>(to_compute(x[j])) - m); });
     }
     T sum_x = 0;
-    if (p.alpha > T(0))
+    if (p.alpha > T(0) && p.weights != nullptr) {
+      const T* w = p.weights + m_a.begin;
+      sum_x = in.template sum<T>(
+          m_a.n, [&](std::int64_t j) { return w[j] * p.template transform<Capped>(to_compute(x[j])); });
+    } else if (p.alpha > T(0)) {
       sum_x =
           in.template sum<T>(m_a.n, [&](std::int64_t j) { return p.template transform<Capped>(to_compute(x[j])); });
+    }
     T h = 0;  // the entropy's sum of e (x - m) against the global max (a finite one; else the row is marked)
     if (p.entropy && m != neg_inf<T>() && !seed_max_is_marked(m)) {
       h = in.template sum<T>(m_a.n, [&](std::int64_t j) {
@@ -733,13 +752,17 @@ class Finalize {
     const T l = r.m + kmath::log(r.s);
     const T mu = r.h / r.s;  // E[x] - m: the entropy is log(s) - mu
     const bool valid = m_a.valid(i);
+    // With class weights: the target's weight w_t, and lse's coefficient (1 - A) w_t + A W / V (else 1).
+    const bool weighted = p.weights != nullptr;
+    const T w_t = weighted && valid ? p.weights[m_a.targets(i)] : T(1);
+    const T c_lse = weighted ? (T(1) - p.alpha) * w_t + p.alpha * p.w_over_v : T(1);
     if constexpr (What != Write::loss) {
       G* yr = m_y.row(i);
       const S* x = m_a.x + i * m_a.ld_x;
       const T gi = What == Write::stash ? T(1) : (valid ? m_g(i) : T(0));
-      const T kp = gi * (T(1) + T(2) * p.zeta * l);  // coefficient of p_j
-      const T ka = gi * p.alpha * p.inv_vocab;       // smoothing term, every column
-      const T kt = gi * (T(1) - p.alpha);            // target term
+      const T kp = gi * (c_lse + T(2) * p.zeta * l);  // coefficient of p_j
+      const T ka = gi * p.alpha * p.inv_vocab;        // smoothing term, every column (times w_j if weighted)
+      const T kt = weighted ? gi * (T(1) - p.alpha) * w_t : gi * (T(1) - p.alpha);  // target term
       const std::int64_t c = m_a.local_target(i);
       // The target's x and dx/dz, read before the row (which may alias the logits) is overwritten.
       const T xc = c >= 0 ? p.template transform<Capped>(to_compute(x[c])) : T(0);
@@ -751,50 +774,96 @@ class Finalize {
         in.store(
             m_a.n, yr, [&](std::int64_t) { return G(T(0)); }, -1, G(T(0)), m_store);
       } else if constexpr (From == Source::stored_exp) {
+        // p_j = e_j exp(m_c - lse), e_j the stored exp of column j relative to its chunk's max m_c. With an
+        // entropy weight the term p_j beta (mu - x_j) needs x_j: read from the logits (still in cache), and
+        // mu - x_j formed as (mu + M - m_c) - (x_j - m_c) against the chunk's max.
         const T k0 = ka * p.scale;
+        const T kb = gi * p.beta;
         const T* er = m_stored.exps.row(i);
-        auto factor = [&](std::int64_t j) {
-          return fast_exp(m_stored.chunk_max(i, j / chunk_cols) - l) * kp * p.scale;
+        static_assert(!Capped, "x_j = S z_j here");
+        // With class weights and smoothing the smoothing term is k0 w_j (the weights read beside the exps).
+        const T* w = p.weights != nullptr && p.alpha > T(0) ? p.weights + m_a.begin : nullptr;
+        // Per chunk: f = exp(m_c - lse) kp S, fb = exp(m_c - lse) kb S, d = mu + M - m_c.
+        struct ChunkK {
+          T f, fb, d, m_c;
         };
-        const G fix = G(fix_at >= 0 ? er[c] * factor(c) - k0 - kt * chain_c : T(0));
-        for (std::int64_t j0 = 0; j0 < m_a.n; j0 += chunk_cols) {
-          const std::int64_t len = j0 + chunk_cols < m_a.n ? chunk_cols : m_a.n - j0;
-          const T f = factor(j0);
-          const T* ec = er + j0;
-          in.store(
-              len, yr + j0, [&](std::int64_t j) { return G(ec[j] * f - k0); }, fix_at - j0, fix, m_store);
+        auto chunk_k = [&](std::int64_t j) {
+          const T m_c = m_stored.chunk_max(i, j / chunk_cols), big_f = fast_exp(m_c - l);
+          return ChunkK{big_f * kp * p.scale, big_f * kb * p.scale, mu + (r.m - m_c), m_c};
+        };
+        auto write_chunks = [&](const auto& term, const auto& smooth) {
+          // term(e, j, k): column j's softmax part from its stored exp e and its chunk's constants k.
+          const T fix = fix_at >= 0 ? term(er[c], c, chunk_k(c)) - smooth(c) - kt * chain_c : T(0);
+          for (std::int64_t j0 = 0; j0 < m_a.n; j0 += chunk_cols) {
+            const std::int64_t len = j0 + chunk_cols < m_a.n ? chunk_cols : m_a.n - j0;
+            const ChunkK k = chunk_k(j0);
+            const T* ec = er + j0;
+            in.store(
+                len, yr + j0, [&](std::int64_t j) { return G(term(ec[j], j0 + j, k) - smooth(j0 + j)); },
+                fix_at - j0, G(fix), m_store);
+          }
+        };
+        auto softmax = [&](T e, std::int64_t, const ChunkK& k) { return e * k.f; };
+        auto entropic = [&](T e, std::int64_t j, const ChunkK& k) {
+          const T xj = to_compute(x[j]) * p.scale;
+          return select(e == T(0), T(0), e * (k.f + k.fb * (k.d - (xj - k.m_c))));
+        };
+        auto smooth = [&](std::int64_t) { return k0; };
+        auto smooth_weighted = [&](std::int64_t j) { return k0 * w[j]; };
+        if (p.beta == T(0)) {
+          if (w != nullptr) {
+            write_chunks(softmax, smooth_weighted);
+          } else {
+            write_chunks(softmax, smooth);
+          }
+        } else if (w != nullptr) {
+          write_chunks(entropic, smooth_weighted);
+        } else {
+          write_chunks(entropic, smooth);
         }
-      } else if (p.beta == T(0)) {
-        const G fix = G(((fast_exp(xc - l) * kp - ka) - kt) * chain_c);
-        in.store(
-            m_a.n, yr,
-            [&](std::int64_t j) {
-              const T xj = p.template transform<Capped>(to_compute(x[j]));
-              return G((fast_exp(xj - l) * kp - ka) * p.template chain<Capped>(xj));
-            },
-            fix_at, fix, m_store);
       } else {
+        // y_j = (term(x_j) - smooth(j)) dx_j/dz_j, and the target's value formed apart (fix).
+        auto write_row = [&](const auto& term, const auto& smooth) {
+          const G fix = G(c >= 0 ? ((term(xc) - smooth(c)) - kt) * chain_c : T(0));
+          in.store(
+              m_a.n, yr,
+              [&](std::int64_t j) {
+                const T xj = p.template transform<Capped>(to_compute(x[j]));
+                return G((term(xj) - smooth(j)) * p.template chain<Capped>(xj));
+              },
+              fix_at, fix, m_store);
+        };
+        auto softmax = [&](T xj) { return fast_exp(xj - l) * kp; };
         // The entropy's term p_j beta (mu - x_j): 0 where p_j is 0 (a -inf logit).
         const T kb = gi * p.beta;
-        auto term = [&](T xj) {
+        auto entropic = [&](T xj) {
           const T e = fast_exp(xj - l);
           return select(e == T(0), T(0), e * (kp + kb * (mu - (xj - r.m))));
         };
-        const G fix = G(((term(xc) - ka) - kt) * chain_c);
-        in.store(
-            m_a.n, yr,
-            [&](std::int64_t j) {
-              const T xj = p.template transform<Capped>(to_compute(x[j]));
-              return G((term(xj) - ka) * p.template chain<Capped>(xj));
-            },
-            fix_at, fix, m_store);
+        auto smooth = [&](std::int64_t) { return ka; };
+        const T* w = weighted ? p.weights + m_a.begin : nullptr;
+        auto smooth_weighted = [&](std::int64_t j) { return ka * w[j]; };
+        const bool per_column = weighted && p.alpha > T(0);
+        if (p.beta == T(0)) {
+          if (per_column) {
+            write_row(softmax, smooth_weighted);
+          } else {
+            write_row(softmax, smooth);
+          }
+        } else if (per_column) {
+          write_row(entropic, smooth_weighted);
+        } else {
+          write_row(entropic, smooth);
+        }
       }
       if constexpr (What == Write::stash) in.single([&]() { m_stash_target(i) = kt * chain_c; });
     }
     if (m_out.write) {
       in.single([&]() {
         m_out.lse(i) = l;
-        T loss = l - (T(1) - p.alpha) * r.t - p.alpha * p.inv_vocab * r.a + p.zeta * l * l;
+        // Weighted: (1 - A) w_t (lse - x_t) + A / V (W lse - sum_j w_j x_j), i.e. c_lse lse - ... .
+        T loss = weighted ? c_lse * l - (T(1) - p.alpha) * w_t * r.t - p.alpha * p.inv_vocab * r.a + p.zeta * l * l
+                          : l - (T(1) - p.alpha) * r.t - p.alpha * p.inv_vocab * r.a + p.zeta * l * l;
         if (p.beta != T(0)) loss += p.beta * (kmath::log(r.s) - mu);
         m_out.loss(i) = valid ? loss : T(0);
       });
