@@ -240,6 +240,19 @@ std::vector<Record> run_typed(const Communicator& comm, const Config& cfg) {
       if (oc.get != nullptr) (ce.*oc.get)();
     });
   }
+  // Probability targets (Options::probability_targets): a target distribution per row (uniform, 1/V each,
+  // exact in every type) read beside the logits: one more read of N x V_local, and no stored exps.
+  if (wanted(cfg, "loss_and_grad/fused/probs")) {
+    Kokkos::View<S**, Kokkos::LayoutRight> probs(Kokkos::view_alloc(Kokkos::WithoutInitializing, "vpce_bench::probs"),
+                                                 n, v);
+    Kokkos::deep_copy(probs, S(T(1.0 / double(part.vocab_size()))));
+    Options opt = base;
+    opt.probability_targets = true;
+    CrossEntropy<S> ce(comm, part, opt);
+    add("loss_and_grad/fused/probs", 3 * elem_bytes, [&] {
+      ce.loss_and_grad(logits, typename CrossEntropy<S>::probs_view(probs), loss, out, T(1));
+    });
+  }
   const double copy_ms = recs[0].ms_median, stream_ms = recs[1].ms_median, read_ms = recs[2].ms_median;
   for (auto& r : recs) {
     r.ratio_to_copy = r.ms_median / copy_ms;

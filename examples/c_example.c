@@ -99,6 +99,27 @@ int main(int argc, char** argv) {
   if (fabs(mean_w - mean32) > 1e-5 * fabs(mean32)) fail = 1;
   vpce_set_class_weights(h32, NULL); /* removed again */
   free(w);
+
+  /* Probability targets (distillation's soft labels): one-hot rows equal to the ids give the same per-row
+   * losses (every row counts here, row 5 too). */
+  vpce_options popt = opt;
+  popt.probability_targets = 1;
+  vpce_handle hp;
+  float* q = calloc((size_t)(n * local), sizeof(float));
+  float loss_p[16];
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t t = i == 5 ? 0 : targets[i];
+    if (t >= begin && t < begin + local) q[i * local + (t - begin)] = 1.0f;
+  }
+  if (vpce_create(MPI_COMM_WORLD, local, VPCE_FLOAT32, &popt, &hp) != VPCE_SUCCESS ||
+      vpce_loss_and_grad_probs(hp, n, x32, q, loss_p, g32, NULL, 1.0) != VPCE_SUCCESS) {
+    fprintf(stderr, "%s\n", vpce_last_error());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  for (int64_t i = 0; i < n; ++i)
+    if (i != 5 && fabsf(loss_p[i] - loss32[i]) > 1e-5f * fabsf(loss32[i])) fail = 1;
+  vpce_destroy(hp);
+  free(q);
   if (rank == 0)
     printf("C API: V = %lld over %d ranks, mean loss float32 %.6f, bfloat16 %.6f, max |grad diff| %.2e, "
            "row 0: entropy %.4f, log-prob %.4f\n",

@@ -18,10 +18,12 @@ using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
 
 struct HandleBase {
   virtual ~HandleBase() = default;
-  virtual void forward(std::int64_t n, const void* logits, const std::int64_t* targets, void* loss) = 0;
+  /// With `probs` set (the target probabilities, N x V_local in the logits' type), `targets` is not used.
+  virtual void forward(std::int64_t n, const void* logits, const std::int64_t* targets, const void* probs,
+                       void* loss) = 0;
   virtual void backward(const void* grad_loss, double scale, void* grad) = 0;
-  virtual void loss_and_grad(std::int64_t n, const void* logits, const std::int64_t* targets, void* loss, void* grad,
-                             const void* grad_loss, double scale) = 0;
+  virtual void loss_and_grad(std::int64_t n, const void* logits, const std::int64_t* targets, const void* probs,
+                             void* loss, void* grad, const void* grad_loss, double scale) = 0;
   virtual void lse(void* out) const = 0;
   /// set_class_weights() from this rank's V_local values; NULL: clear_class_weights().
   virtual void class_weights(const void* local) = 0;
@@ -55,9 +57,17 @@ struct Handle final : HandleBase {
     return Kokkos::View<const T*, HS, Unmanaged>(static_cast<const T*>(p), rows(n, p));
   }
 
-  void forward(std::int64_t n, const void* logits, const std::int64_t* targets, void* loss) override {
-    ce.forward(logits_view(n, logits), Kokkos::View<const std::int64_t*, HS, Unmanaged>(targets, rows(n, targets)),
-               Kokkos::View<T*, HS, Unmanaged>(static_cast<T*>(loss), rows(n, loss)));
+  /// f(the targets as the library takes them): the ids' View, or the probabilities' matrix.
+  template <class F>
+  void with_targets(std::int64_t n, const std::int64_t* targets, const void* probs, const F& f) const {
+    if (probs != nullptr) return f(logits_view(n, probs));
+    f(Kokkos::View<const std::int64_t*, HS, Unmanaged>(targets, rows(n, targets)));
+  }
+  void forward(std::int64_t n, const void* logits, const std::int64_t* targets, const void* probs,
+               void* loss) override {
+    with_targets(n, targets, probs, [&](const auto& t) {
+      ce.forward(logits_view(n, logits), t, Kokkos::View<T*, HS, Unmanaged>(static_cast<T*>(loss), rows(n, loss)));
+    });
     n_rows = n;
   }
   void backward(const void* grad_loss, double scale, void* grad) override {
@@ -75,25 +85,26 @@ struct Handle final : HandleBase {
     else
       ce.backward(T(scale), grad_view<T>(n_rows, grad));
   }
-  void loss_and_grad(std::int64_t n, const void* logits, const std::int64_t* targets, void* loss, void* grad,
-                     const void* grad_loss, double scale) override {
+  void loss_and_grad(std::int64_t n, const void* logits, const std::int64_t* targets, const void* probs,
+                     void* loss, void* grad, const void* grad_loss, double scale) override {
     const auto x = logits_view(n, logits);
-    const Kokkos::View<const std::int64_t*, HS, Unmanaged> t(targets, rows(n, targets));
     const Kokkos::View<T*, HS, Unmanaged> l(static_cast<T*>(loss), rows(n, loss));
     n_rows = n;
-    if constexpr (vpce::is_16bit_v<S>) {
-      if (grad_16bit) {
-        if (grad_loss)
-          ce.loss_and_grad(x, t, l, grad_view<S>(n, grad), grad_loss_view(n, grad_loss));
-        else
-          ce.loss_and_grad(x, t, l, grad_view<S>(n, grad), T(scale));
-        return;
+    with_targets(n, targets, probs, [&](const auto& t) {
+      if constexpr (vpce::is_16bit_v<S>) {
+        if (grad_16bit) {
+          if (grad_loss)
+            ce.loss_and_grad(x, t, l, grad_view<S>(n, grad), grad_loss_view(n, grad_loss));
+          else
+            ce.loss_and_grad(x, t, l, grad_view<S>(n, grad), T(scale));
+          return;
+        }
       }
-    }
-    if (grad_loss)
-      ce.loss_and_grad(x, t, l, grad_view<T>(n, grad), grad_loss_view(n, grad_loss));
-    else
-      ce.loss_and_grad(x, t, l, grad_view<T>(n, grad), T(scale));
+      if (grad_loss)
+        ce.loss_and_grad(x, t, l, grad_view<T>(n, grad), grad_loss_view(n, grad_loss));
+      else
+        ce.loss_and_grad(x, t, l, grad_view<T>(n, grad), T(scale));
+    });
   }
   void lse(void* out) const override { copy_out(ce.lse(), out); }
   void class_weights(const void* local) override {
@@ -158,6 +169,7 @@ vpce::Options to_options(const vpce_options* o) {
   opt.softcap = o->softcap;
   opt.entropy = o->entropy != 0;
   opt.entropy_weight = o->entropy_weight;
+  opt.probability_targets = o->probability_targets != 0;
   return opt;
 }
 
@@ -188,6 +200,7 @@ void vpce_options_default(vpce_options* o) {
   o->grad_in_logits_type = 0;
   o->entropy = d.entropy ? 1 : 0;
   o->entropy_weight = d.entropy_weight;
+  o->probability_targets = 0;
 }
 
 vpce_status vpce_initialize(void) {
@@ -256,7 +269,15 @@ vpce_status vpce_partition(vpce_handle h, int64_t* begin, int64_t* local_vocab, 
 vpce_status vpce_forward(vpce_handle h, int64_t n, const void* logits, const int64_t* targets, void* loss) {
   return guarded([&] {
     VPCE_CHECK_HANDLE(h);
-    h->impl->forward(n, logits, targets, loss);
+    h->impl->forward(n, logits, targets, nullptr, loss);
+  });
+}
+
+vpce_status vpce_forward_probs(vpce_handle h, int64_t n, const void* logits, const void* target_probs, void* loss) {
+  return guarded([&] {
+    VPCE_CHECK_HANDLE(h);
+    VPCE_THROW_IF(target_probs == nullptr && n > 0, "target_probs is NULL");
+    h->impl->forward(n, logits, nullptr, target_probs, loss);
   });
 }
 
@@ -271,7 +292,16 @@ vpce_status vpce_loss_and_grad(vpce_handle h, int64_t n, const void* logits, con
                                void* grad, const void* grad_loss, double grad_scale) {
   return guarded([&] {
     VPCE_CHECK_HANDLE(h);
-    h->impl->loss_and_grad(n, logits, targets, loss, grad, grad_loss, grad_scale);
+    h->impl->loss_and_grad(n, logits, targets, nullptr, loss, grad, grad_loss, grad_scale);
+  });
+}
+
+vpce_status vpce_loss_and_grad_probs(vpce_handle h, int64_t n, const void* logits, const void* target_probs,
+                                     void* loss, void* grad, const void* grad_loss, double grad_scale) {
+  return guarded([&] {
+    VPCE_CHECK_HANDLE(h);
+    VPCE_THROW_IF(target_probs == nullptr && n > 0, "target_probs is NULL");
+    h->impl->loss_and_grad(n, logits, nullptr, target_probs, loss, grad, grad_loss, grad_scale);
   });
 }
 

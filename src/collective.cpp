@@ -9,20 +9,23 @@
 namespace vpce::impl {
 
 namespace {
+template <class T, bool Probs, bool Entropy>
+void merge_op(void* in, void* inout, int* len, MPI_Datatype*) {
+  merge_records(static_cast<const T*>(in), static_cast<T*>(inout), *len, RecordLayout{Probs, Entropy});
+}
 template <class T>
-void merge_op(void* in, void* inout, int* len, MPI_Datatype* type) {
-  int bytes = 0;
-  MPI_Type_size(*type, &bytes);
-  merge_records(static_cast<const T*>(in), static_cast<T*>(inout), *len, bytes / int(sizeof(T)));
+MPI_User_function* merge_op_for(RecordLayout l) {
+  if (l.probs) return l.entropy ? &merge_op<T, true, true> : &merge_op<T, true, false>;
+  return l.entropy ? &merge_op<T, false, true> : &merge_op<T, false, false>;
 }
 constexpr std::int64_t max_count = INT_MAX / 4;
 }  // namespace
 
 template <class T>
-StatsReduction<T>::StatsReduction(int width) : m_width(width) {
-  VPCE_MPI_CHECK(MPI_Type_contiguous(width, mpi_datatype<T>(), &m_type));
+StatsReduction<T>::StatsReduction(RecordLayout layout) : m_layout(layout) {
+  VPCE_MPI_CHECK(MPI_Type_contiguous(layout.width(), mpi_datatype<T>(), &m_type));
   VPCE_MPI_CHECK(MPI_Type_commit(&m_type));
-  VPCE_MPI_CHECK(MPI_Op_create(&merge_op<T>, /*commute=*/1, &m_op));
+  VPCE_MPI_CHECK(MPI_Op_create(merge_op_for<T>(layout), /*commute=*/1, &m_op));
 }
 
 template <class T>
@@ -49,7 +52,7 @@ void StatsReduction<T>::start(T* records, std::int64_t count, MPI_Comm comm,
   for (std::int64_t done = 0; done < count; done += max_count) {
     const int n = static_cast<int>(std::min(max_count, count - done));
     pending->push_back(MPI_REQUEST_NULL);
-    VPCE_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, records + done * m_width, n, m_type, m_op, comm, &pending->back()));
+    VPCE_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, records + done * m_layout.width(), n, m_type, m_op, comm, &pending->back()));
   }
 }
 

@@ -83,7 +83,8 @@ struct CommandSteps {
   std::string memory_what;
   double memory_bytes = 0;
   /// Reads the command's own datasets (this rank's share, collective transfers) into host memory and returns the
-  /// host buffer of N entries that the skeleton reads /targets into (after them).
+  /// host buffer of N entries that the skeleton reads /targets into (after them), or nullptr when the command
+  /// reads no /targets (target probabilities).
   std::function<std::int64_t*(H5File& in)> read;
   /// Copies what was read to the Views (once the targets are checked).
   std::function<void()> upload;
@@ -127,10 +128,10 @@ void run_command(const Communicator& comm, const LossOptions& cfg, H5File& in, c
   // Read: the command's datasets, then all the targets (every rank). The host buffers are the Views themselves on
   // CPUs.
   std::int64_t* const h_targets = steps.read(in);
-  in.read_all<std::int64_t>("/targets", n, h_targets);
+  if (h_targets != nullptr) in.read_all<std::int64_t>("/targets", n, h_targets);
   in.close();
   fault_point("read");
-  agree(comm, targets_error(cfg.input, h_targets, n, steps.v, cfg.ignore_index));
+  if (h_targets != nullptr) agree(comm, targets_error(cfg.input, h_targets, n, steps.v, cfg.ignore_index));
   steps.upload();
 
   // Compute. Library errors (NaN logits, ...) are the same on every rank; name the input file in them.

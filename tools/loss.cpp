@@ -43,10 +43,11 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, const
   using Targets = Kokkos::View<std::int64_t*, mem>;
   using Vector = Kokkos::View<T*, mem>;
   Matrix logits, grad_s;  // grad_s: the gradient in Scalar (16-bit, or in place)
+  Matrix probs;           // the target probabilities (/target_probs), if the file has them
   GradMatrix grad_t;      // the gradient in the compute type
   Targets targets;
   Vector loss;
-  typename Matrix::HostMirror h_logits, h_grad_s;
+  typename Matrix::HostMirror h_logits, h_grad_s, h_probs;
   typename GradMatrix::HostMirror h_grad_t;
   typename Targets::HostMirror h_targets;
   typename Vector::HostMirror h_loss;
@@ -69,10 +70,12 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, const
   steps.n = n;
   steps.v = v;
   steps.memory_what = std::to_string(n) + " x " + std::to_string(vl) + " logits" + (cfg.grad ? " and their gradient" : "");
-  steps.memory_bytes = double(n) * double(vl) * double(sizeof(Scalar) + (cfg.grad && !in_place ? sizeof(T) : 0)) +
+  steps.memory_bytes = double(n) * double(vl) *
+                           double(sizeof(Scalar) * (input.probs ? 2 : 1) + (cfg.grad && !in_place ? sizeof(T) : 0)) +
                        double(n) * 8 * double(2 + n_row_outs);
   steps.allocate = [&] {
     logits = Matrix(uninitialized("vpce::tool::logits"), n, vl);
+    if (input.probs) probs = Matrix(uninitialized("vpce::tool::target_probs"), n, vl);
     targets = Targets(uninitialized("vpce::tool::targets"), n);
     loss = Vector(uninitialized("vpce::tool::loss"), n);
     if (cfg.grad && in_place) {
@@ -92,19 +95,31 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, const
       h_weights.resize(vl);
       file.read_range<T>("/weights", part.begin(), vl, h_weights.data());
     }
+    if (input.probs) {  // this rank's columns; no /targets then
+      h_probs = Kokkos::create_mirror_view(probs);
+      file.read_columns<FileElem>("/target_probs", n, part.begin(), vl, max_vl,
+                                  reinterpret_cast<FileElem*>(h_probs.data()));
+      return static_cast<std::int64_t*>(nullptr);
+    }
     return h_targets.data();
   };
   steps.upload = [&] {
     Kokkos::deep_copy(logits, h_logits);
-    Kokkos::deep_copy(targets, h_targets);
+    if (input.probs) {
+      Kokkos::deep_copy(probs, h_probs);
+    } else {
+      Kokkos::deep_copy(targets, h_targets);
+    }
     h_logits = {};
     h_targets = {};
+    h_probs = {};
   };
   steps.compute = [&] {
     Options opt = library_options(cfg);
     opt.mode = cfg.mode == "stash" ? Mode::stash_softmax : Mode::recompute;
     opt.entropy = cfg.entropy;
     opt.entropy_weight = cfg.entropy_weight;
+    opt.probability_targets = input.probs;
     CE ce(comm, part, opt);
     if (input.weights) {  // this rank's columns of /weights (read in the read step)
       Vector w(uninitialized("vpce::tool::weights"), vl);
@@ -113,12 +128,19 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, const
     }
     // grad_scale 1: the gradient of the sum of the per-token losses (none), of the sum (sum) or of the mean
     // (mean: the library divides by the number of non-ignored tokens).
-    auto compute = [&](const auto& grad) {
+    auto compute_with = [&](const auto& grad, const auto& target) {
       if (cfg.grad && cfg.mode == "fused") {
-        ce.loss_and_grad(logits, targets, loss, grad, T(1));
+        ce.loss_and_grad(logits, target, loss, grad, T(1));
       } else {
-        ce.forward(logits, targets, loss);
+        ce.forward(logits, target, loss);
         if (cfg.grad) ce.backward(T(1), grad);
+      }
+    };
+    auto compute = [&](const auto& grad) {
+      if (input.probs) {
+        compute_with(grad, typename CE::probs_view(probs));
+      } else {
+        compute_with(grad, typename CE::targets_view(targets));
       }
     };
     if constexpr (half) {
@@ -161,6 +183,7 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, const
     for (const auto& r : row_outs) out.create_dataset(r.name, {n}, little_endian_type<T>());
     out.write_attribute("entropy_weight", number_text(cfg.entropy_weight));
     out.write_attribute("class_weights", input.weights ? "/weights" : "none");
+    out.write_attribute("targets", input.probs ? "/target_probs" : "/targets");
     out.write_attribute("logits_dtype", to_string(dtype_of<Scalar>()));
     out.write_attribute("mode", cfg.grad ? cfg.mode : std::string("forward"));
   };

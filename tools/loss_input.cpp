@@ -32,6 +32,11 @@ const char* const loss_help =
     "                whole vocabulary (ignored rows too), in /loss's type\n"
     "  /logprob      with --logprob, N: the target's log-softmax x_t - lse (0 for ignored rows)\n"
     "  /z_loss       with --z-loss-out, N: each row's z-loss term Z * lse^2, already in /loss (0 if ignored)\n"
+    "Instead of /targets, IN.h5 may hold /target_probs: N x V target probabilities (distillation's soft labels)\n"
+    "in the logits' type (16-bit: with the same dtype attribute), each row >= 0 and summing to 1 (within 1e-4;\n"
+    "1e-2 for bfloat16, 2e-3 for float16), each rank reading its own columns. The loss of a token is then\n"
+    "-sum_j c_j log softmax_j, c = (1 - A) q + A / V (times w with /weights); every token counts (no ignore\n"
+    "index; --reduction mean divides by N); /logprob cannot be written.\n"
     "An optional dataset /weights in IN.h5 (V values, float32 or float64, finite and >= 0; each rank reads its\n"
     "own columns) holds class weights w, PyTorch's `weight`: the loss below becomes\n"
     "  (1 - A) w_t (lse - x_t) + A / V (W lse - sum_j w_j x_j) + Z * lse^2 + B * H,   W = sum_j w_j\n"
@@ -247,7 +252,25 @@ LossInput check_loss_input(const Communicator& comm, const H5File& in, const Los
   LossInput r;
   if (err.empty()) r.type = logits_type(in, li, &err);
   check(li.dims.size() == 2 && li.dims[1] == 0, "dataset /logits has 0 columns; the vocabulary must not be empty");
-  if (err.empty()) err = targets_metadata_error(file, ti, li.dims.size() == 2 ? li.dims[0] : -1, "/logits");
+  // Target ids (/targets), or target probabilities (/target_probs: N x V, the logits' type), not both.
+  const DatasetInfo pi = in.info("/target_probs");
+  r.probs = pi.exists;
+  if (r.probs) {
+    check(ti.exists, "both /targets and /target_probs: give target ids or target probabilities, not both");
+    check(pi.type_name == "not a dataset", "/target_probs is not a dataset");
+    check(pi.dims != li.dims, "dataset /target_probs " + shape_phrase(pi) + "; expected the shape of /logits, " +
+                                  shape_string(li.dims));
+    check(pi.type_name != li.type_name || pi.type_size != li.type_size,
+          "dataset /target_probs has type " + pi.type_name + "; expected the logits' type, " + li.type_name);
+    if (err.empty() && pi.type_name == "uint16") {
+      const AttributeInfo a = in.attribute("/target_probs", "dtype");
+      check(!a.exists || !a.is_string || a.value != to_string(r.type),
+            "dataset /target_probs (uint16) needs the attribute dtype = \"" + std::string(to_string(r.type)) +
+                "\", as /logits has");
+    }
+  } else if (err.empty()) {
+    err = targets_metadata_error(file, ti, li.dims.size() == 2 ? li.dims[0] : -1, "/logits");
+  }
   agree(comm, err);
   r.n = li.dims[0];
   r.v = li.dims[1];

@@ -63,6 +63,7 @@ struct LossInput {
   std::int64_t v = 0;  ///< vocabulary (columns)
   DType type = DType::float32;  ///< float32, float64, or 16-bit (uint16 bits with a dtype attribute)
   bool weights = false;         ///< the file has /weights (V class weights)
+  bool probs = false;           ///< /target_probs (N x V) instead of /targets
 };
 
 /// Checks /logits and /targets from the file's metadata (existence, dimensions, types, the dtype attribute of

@@ -68,6 +68,8 @@ class CrossEntropy {
   using grad_storage_view =
       std::conditional_t<is_16bit_v<Scalar>, Kokkos::View<Scalar**, Kokkos::LayoutRight, memory_space>, Unused>;
   using grad_loss_view = Kokkos::View<const compute_type*, memory_space>;
+  /// Target probabilities (Options::probability_targets): N x V_local, this rank's columns, the logits' type.
+  using probs_view = Kokkos::View<const Scalar**, Kokkos::LayoutRight, memory_space>;
 
   /// Collective: checks the options and that they, and the partition, are the same on every rank.
   CrossEntropy(const Communicator& comm, const VocabPartition& partition, const Options& options = {},
@@ -112,6 +114,18 @@ class CrossEntropy {
   void loss_and_grad(const logits_view& logits, const targets_view& targets, const loss_view& loss,
                      const grad_storage_view& grad_logits, const grad_loss_view& grad_loss);
 
+  /// The same with target probabilities instead of target ids (Options::probability_targets must be set);
+  /// backward() works as after the other forward(). `target_probs` must stay unchanged until backward().
+  void forward(const logits_view& logits, const probs_view& target_probs, const loss_view& loss);
+  void loss_and_grad(const logits_view& logits, const probs_view& target_probs, const loss_view& loss,
+                     const grad_view& grad_logits, compute_type grad_scale = compute_type(1));
+  void loss_and_grad(const logits_view& logits, const probs_view& target_probs, const loss_view& loss,
+                     const grad_storage_view& grad_logits, compute_type grad_scale = compute_type(1));
+  void loss_and_grad(const logits_view& logits, const probs_view& target_probs, const loss_view& loss,
+                     const grad_view& grad_logits, const grad_loss_view& grad_loss);
+  void loss_and_grad(const logits_view& logits, const probs_view& target_probs, const loss_view& loss,
+                     const grad_storage_view& grad_logits, const grad_loss_view& grad_loss);
+
   /// log(sum_j exp(x_ij)) over the global vocabulary, per row, of the last forward() or loss_and_grad()
   /// (empty if that call failed).
   Kokkos::View<const compute_type*, memory_space> lse() const;
@@ -120,7 +134,7 @@ class CrossEntropy {
   /// call of these three):
   /// - entropy(): the entropy -sum_j p_j log p_j of the softmax over the GLOBAL vocabulary, for every row
   ///   (ignored ones too); needs Options::entropy or an entropy_weight, else throws vpce::Error;
-  /// - logprob(): the target's log-softmax x_target - lse, 0 for ignored rows;
+  /// - logprob(): the target's log-softmax x_target - lse, 0 for ignored rows (not with probability targets);
   /// - z_loss_terms(): the z-loss term z_loss * lse^2 that the loss includes, 0 for ignored rows.
   Kokkos::View<const compute_type*, memory_space> entropy() const;
   Kokkos::View<const compute_type*, memory_space> logprob() const;

@@ -66,6 +66,12 @@ struct Options {
   /// Adds entropy_weight * H to each non-ignored row's loss (its gradient too); finite, may be negative (an
   /// entropy bonus). Nonzero implies the entropy's statistic, as Options::entropy.
   double entropy_weight = 0;
+  /// The calls take target probabilities q (N x V_local, the logits' type; PyTorch's "class probabilities",
+  /// for distillation) instead of target ids: loss = -sum_j c_j log softmax_j with c = (1 - label_smoothing)
+  /// q + label_smoothing / V (times the class weights), every row counts (no ignore_index), the mean divides
+  /// by N. Each row of q must be >= 0 and sum to 1 (within 1e-4; 1e-2 for bfloat16, 2e-3 for float16), else
+  /// vpce::Error on every rank. Each record grows by two values (sum q, sum w q).
+  bool probability_targets = false;
   /// Rows per block in the fused strategy. A block's all-reduce (MPI_Iallreduce) is in flight while the
   /// next block's statistics run; then its loss/gradient is written while the next block's all-reduce is in
   /// flight, so two blocks are live at a time and a block is still in cache when its gradient is written.

@@ -26,11 +26,13 @@ module vpce
     integer(c_int) :: grad_in_logits_type
     integer(c_int) :: entropy
     real(c_double) :: entropy_weight
+    integer(c_int) :: probability_targets
   end type vpce_options
 
   public :: vpce_initialize, vpce_finalize, vpce_options_default, vpce_create_f, vpce_destroy
   public :: vpce_partition, vpce_forward, vpce_backward, vpce_loss_and_grad, vpce_lse, vpce_reduced_loss
   public :: vpce_entropy, vpce_logprob, vpce_z_loss_terms, vpce_set_class_weights
+  public :: vpce_forward_probs, vpce_loss_and_grad_probs
   public :: vpce_last_error
 
   interface
@@ -84,6 +86,19 @@ module vpce
     integer(c_int) function vpce_lse(handle, lse) bind(c, name="vpce_lse")
       import :: c_int, c_ptr
       type(c_ptr), value :: handle, lse
+    end function
+    integer(c_int) function vpce_forward_probs(handle, n_tokens, logits, target_probs, loss) &
+        bind(c, name="vpce_forward_probs")
+      import :: c_int, c_int64_t, c_ptr
+      type(c_ptr), value :: handle, logits, target_probs, loss
+      integer(c_int64_t), value :: n_tokens
+    end function
+    integer(c_int) function vpce_loss_and_grad_probs(handle, n_tokens, logits, target_probs, loss, grad, grad_loss, &
+                                                     grad_scale) bind(c, name="vpce_loss_and_grad_probs")
+      import :: c_int, c_int64_t, c_ptr, c_double
+      type(c_ptr), value :: handle, logits, target_probs, loss, grad, grad_loss
+      integer(c_int64_t), value :: n_tokens
+      real(c_double), value :: grad_scale
     end function
     integer(c_int) function vpce_set_class_weights(handle, local_weights) bind(c, name="vpce_set_class_weights")
       import :: c_int, c_ptr

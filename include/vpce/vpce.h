@@ -37,6 +37,7 @@ typedef struct {
   int grad_in_logits_type;  /* 16-bit logits only: write the gradient as 16-bit */
   int entropy;              /* 1: keep each row's entropy for vpce_entropy() (default 0) */
   double entropy_weight;    /* adds entropy_weight * entropy to each row's loss (finite; may be < 0) */
+  int probability_targets;  /* 1: the calls take target probabilities (vpce_forward_probs, ...), not ids */
 } vpce_options;
 
 typedef struct vpce_handle_s* vpce_handle;
@@ -76,6 +77,13 @@ vpce_status vpce_backward(vpce_handle handle, const void* grad_loss, double grad
 /* Collective. Loss and gradient in one call; grad may be the logits' own buffer. */
 vpce_status vpce_loss_and_grad(vpce_handle handle, int64_t n_tokens, const void* logits, const int64_t* targets,
                                void* loss, void* grad, const void* grad_loss, double grad_scale);
+/* The same with target probabilities (options.probability_targets): N x local_vocab, row-major, in the
+ * logits' type, each row >= 0 summing to 1 over the global vocabulary (vpce/options.hpp). */
+vpce_status vpce_forward_probs(vpce_handle handle, int64_t n_tokens, const void* logits, const void* target_probs,
+                               void* loss);
+vpce_status vpce_loss_and_grad_probs(vpce_handle handle, int64_t n_tokens, const void* logits,
+                                     const void* target_probs, void* loss, void* grad, const void* grad_loss,
+                                     double grad_scale);
 /* lse per row of the last call (N values), and the reduced loss (sum for reduction none). */
 vpce_status vpce_lse(vpce_handle handle, void* lse);
 /* Per row of the last forward/loss_and_grad (N values, the loss's type), no communication: the entropy of

@@ -336,6 +336,32 @@ class Opts:
         return out
 
 
+def reference_probs(z, q, o, w=None):
+    """Probability targets q (n x v), PyTorch's definition: c = w ((1 - a) q + a / V), loss = sum_j c_j (lse - x_j)
+    + z lse^2 + b H, gradient (p (sum c + 2 z lse + b (mu - x)) - c) dx/dz; the mean divides by N. Returns what
+    reference_options() does (every row valid)."""
+    z = np.asarray(z, dtype=np.float64)
+    n, v = z.shape
+    x = o.scale * z
+    dxdz = np.full_like(x, o.scale)
+    if o.cap > 0:
+        x = o.cap * np.tanh(x / o.cap)
+        dxdz = o.scale * (1.0 - (x / o.cap) ** 2)
+    m = np.max(x, axis=1, keepdims=True)
+    lse = m[:, 0] + np.log(np.exp(x - m).sum(axis=1))
+    p = np.exp(x - lse[:, None])
+    mu = (p * x).sum(axis=1)
+    entropy = lse - mu
+    c = (np.ones(v) if w is None else w)[None, :] * ((1 - o.a) * q + o.a / v)
+    loss = (c * (lse[:, None] - x)).sum(axis=1) + o.z * lse ** 2 + o.b * entropy
+    g = (1.0 / n if n else 0.0) if o.reduction == "mean" else 1.0
+    grad = (p * (c.sum(axis=1)[:, None] + 2 * o.z * lse[:, None] + o.b * (mu[:, None] - x)) - c) * dxdz * g
+    total = float(np.sum(loss))
+    reduced = total / n if (o.reduction == "mean" and n) else total
+    outputs = {"entropy": entropy, "z_loss": o.z * lse ** 2}
+    return loss, grad, lse, reduced, np.ones(n, dtype=bool), g, outputs
+
+
 def reference_options(z, t, o, w=None):
     """docs/design.md, section 1 in float64: per-row loss (0 for ignored rows), gradient of the reduced loss (of the
     sum of the per-token losses for 'none'), lse per row, reduced loss, number of rows not ignored, g, and the
@@ -416,7 +442,7 @@ def suite_options(r):
         return ["--partition", part] if part else []
 
     def run_case(name, values, t, o, kind="float32", file_bits=None, strategy="fused", mode="fused", grad=True,
-                 lse=False, grad_dtype=None, byteorder="<", extra_args=(), outputs=(), weights=None):
+                 lse=False, grad_dtype=None, byteorder="<", extra_args=(), outputs=(), weights=None, probs=None):
         """values: the float64 logits the tool sees (for 16-bit: the values of file_bits); outputs: of "entropy",
         "logprob", "z_loss" (--entropy, --logprob, --z-loss-out)."""
         inp = os.path.join(w, "in_%s.h5" % name)
@@ -427,7 +453,10 @@ def suite_options(r):
                 d.attrs["dtype"] = kind
             else:
                 f.create_dataset("logits", data=values.astype(np.dtype(kind).newbyteorder(byteorder)))
-            f["targets"] = t.astype(np.int64)
+            if probs is None:
+                f["targets"] = t.astype(np.int64)
+            else:
+                f.create_dataset("target_probs", data=probs.astype(np.dtype(kind).newbyteorder(byteorder)))
             if weights is not None:
                 f["weights"] = weights
         if os.path.exists(out):
@@ -441,8 +470,12 @@ def suite_options(r):
             raise Failure("%s: expected success\n%s" % (name, res.describe()))
         if leftovers(w, out):
             raise Failure("%s: temporary files left" % name)
-        want_loss, want_grad, want_lse, want_reduced, valid, g, want_out = reference_options(
-            values, t, o, None if weights is None else weights.astype(np.float64))
+        w64 = None if weights is None else weights.astype(np.float64)
+        if probs is None:
+            want_loss, want_grad, want_lse, want_reduced, valid, g, want_out = reference_options(values, t, o, w64)
+        else:
+            want_loss, want_grad, want_lse, want_reduced, valid, g, want_out = reference_probs(
+                values, probs.astype(np.dtype(kind)).astype(np.float64), o, w64)
         half = kind in ("bfloat16", "float16")
         out_dtype = np.dtype("float64" if kind == "float64" else "float32")
         eps = np.finfo(out_dtype).eps
@@ -579,6 +612,25 @@ def suite_options(r):
                      Opts(ignore_index=-1, reduction="mean", label_smoothing=0.1, z_loss=1e-3, entropy_weight=0.1),
                      strategy=strategy, mode=mode, weights=wts.astype(np.float32), lse=True)
 
+    # Probability targets (/target_probs instead of /targets): alone, and with smoothing, class weights, the
+    # mean (over N), the z-loss and an entropy weight, rotating strategy x mode; float64 at 2 ranks.
+    rs = np.random.RandomState(8)
+    soft = rs.uniform(0.0, 1.0, (n, v)) * (rs.uniform(0.0, 1.0, (n, v)) < 0.3)
+    soft[:, 0] += 0.5
+    soft /= soft.sum(axis=1, keepdims=True)
+    for j, (strategy, mode) in enumerate(all_modes):
+        if (j + r.np) % 3 == 0:
+            run_case("probs_%s_%s" % (strategy, mode), plain, t, Opts(), strategy=strategy, mode=mode, probs=soft,
+                     outputs=("entropy",), lse=True)
+        elif (j + r.np) % 3 == 1:
+            run_case("probs_combo_%s_%s" % (strategy, mode), plain, t,
+                     Opts(reduction="mean", label_smoothing=0.1, z_loss=1e-3, entropy_weight=0.1, softcap=9.0),
+                     strategy=strategy, mode=mode, probs=soft, weights=wts, outputs=("z_loss",))
+    if r.np == 2:
+        xp64, tp64 = make_case(n, v, "float64", 13)
+        run_case("probs_float64", np.where(np.isneginf(xp64), -30.0, xp64), tp64,
+                 Opts(reduction="sum", label_smoothing=0.05), kind="float64", strategy="seed", mode="stash", probs=soft)
+
     # float64 logits, with options; its gradient as float32 on request (at 2 ranks).
     x64, t64 = make_case(n, v, "float64", 12)
     x64[2, :10] = -25.0
@@ -655,6 +707,13 @@ def suite_errors(r):
     add("weights_int", loss + ["--input", bad_file("weights_int", logits=x, targets=t,
                                                    weights=np.ones(v, dtype=np.int32))],
         ["dataset /weights has type int32", "expected float32 or float64"], once=True)
+    # Probability targets: a row that does not sum to 1, and both kinds of targets at once.
+    half_rows = np.full((n, v), 0.5 / v, dtype=np.float32)
+    add("probs_sum", loss + ["--input", bad_file("probs_sum", logits=x, target_probs=half_rows)],
+        ["row 0 of the target probabilities sums to 0.5", "expected 1"])
+    add("probs_and_targets", loss + ["--input", bad_file("probs_and_targets", logits=x, targets=t,
+                                                         target_probs=half_rows * 2)],
+        ["both /targets and /target_probs"], once=True)
     neg = np.ones(v)
     neg[v - 1] = -1.0
     add("weights_negative", loss + ["--input", bad_file("weights_negative", logits=x, targets=t, weights=neg)],

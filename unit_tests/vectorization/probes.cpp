@@ -20,7 +20,8 @@ using Host = Kokkos::HostSpace;
 constexpr std::int64_t width = 2 * vpce::impl::chunk_cols;  // two chunks of the one-pass statistics
 
 // Settings the kernels branch on at run time, unknown to the compiler here (volatile), so that every branch's
-// loops are compiled: with and without the entropy's sum, an entropy weight, class weights.
+// loops are compiled: with and without the entropy's sum, an entropy weight, class weights, target
+// probabilities.
 volatile bool g_entropy = true;
 volatile float g_entropy_weight = 0.1f;
 const void* volatile g_class_weights = nullptr;
@@ -41,15 +42,17 @@ vpce::impl::KernelArgs<S, T, Host> args(const S* x, const std::int64_t* targets)
 
 template <class T>
 using Stats = vpce::impl::RowStats<T>;
-/// One record of five values (the entropy's h included): the kernels' loops with and without the entropy
-/// are both compiled (which one runs is decided at run time).
+/// One record with every value (the probabilities' sums and the entropy's h included): the kernels' loops
+/// with and without them are all compiled (which one runs is decided at run time).
+constexpr vpce::impl::RecordLayout full_layout{true, true};
+static_assert(full_layout.width() * 1 == 7, "a RowStats is the full record");
 template <class T>
 vpce::impl::Records<T, Host> records(Stats<std::remove_const_t<T>>* r) {
-  return {Kokkos::View<T*, Host>(reinterpret_cast<T*>(r), 5), 5};
+  return {Kokkos::View<T*, Host>(reinterpret_cast<T*>(r), full_layout.width()), full_layout};
 }
 template <class T>
 vpce::impl::Records<T, Host> records(const Stats<std::remove_const_t<T>>* r) {
-  return {Kokkos::View<T*, Host>(reinterpret_cast<T*>(r), 5), 5};
+  return {Kokkos::View<T*, Host>(reinterpret_cast<T*>(r), full_layout.width()), full_layout};
 }
 template <class T>
 using ChunkMax = Kokkos::View<T**, Kokkos::LayoutRight, Host>;
@@ -74,6 +77,16 @@ void finalize(const S* x, const std::int64_t* targets, const Stats<T>* stats, T*
       vpce::impl::StoredExps<T, Host>{{e, width, 0}, Kokkos::View<const T**, Kokkos::LayoutRight, Host>(chunk_max, 1, 2)},
       Stream ? Store::streaming : Store::plain);
   f.row(HostInner{}, 0);
+}
+
+// The sums of a row's target probabilities q (width columns, like the logits).
+template <class S, class T, bool Capped>
+void prob_sums(const S* x, const S* q, Stats<T>* out) {
+  auto a = args<S, T>(x, nullptr);
+  a.probs = true;
+  a.q = q;
+  a.ld_q = width;
+  vpce::impl::TargetProbSums<S, T, Host, Capped>(a, records<T>(out)).row(HostInner{}, 0);
 }
 
 // The seed strategy's two statistics passes.
@@ -114,6 +127,7 @@ void from_stash(const T* q, const std::int64_t* targets, const T* stash_target, 
                                                  G* y, const T* cm, T* st) {                                       \
     finalize<S, T, G, Write::grad, Source::logits, true>(x, t, s, l, e, y, cm, st, nullptr);                       \
   }                                                                                                                \
+  VPCE_PROBE void vpce_probe_prob_sums_##NAME(const S* x, const S* q, Stats<T>* o) { prob_sums<S, T, false>(x, q, o); } \
   VPCE_PROBE void vpce_probe_seed_##NAME(const S* x, const std::int64_t* t, T* o) { seed<S, T, false>(x, t, o); }  \
   VPCE_PROBE void vpce_probe_seed_softcap_##NAME(const S* x, const std::int64_t* t, T* o) {                        \
     seed<S, T, true>(x, t, o);                                                                                     \

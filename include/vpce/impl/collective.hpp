@@ -29,12 +29,12 @@ inline MPI_Datatype mpi_datatype<std::int64_t>() {
   return MPI_INT64_T;
 }
 
-/// Owns the contiguous datatype of one record (`width` values of T, record_width()) and the commutative op
-/// that applies merge_records() (status.hpp); the op reads the width back from the datatype's size.
+/// Owns the contiguous datatype of one record (layout.width() values of T) and the commutative op that
+/// applies merge_records() (status.hpp) for that layout (an op function per layout: MPI gives it no state).
 template <class T>
 class StatsReduction {
  public:
-  explicit StatsReduction(int width);
+  explicit StatsReduction(RecordLayout layout);
   ~StatsReduction();
   StatsReduction(const StatsReduction&) = delete;
   StatsReduction& operator=(const StatsReduction&) = delete;
@@ -46,10 +46,11 @@ class StatsReduction {
   /// to `pending`; `records` must not be touched until wait_all(pending) returns. Every rank must start its
   /// all-reduces in the same order.
   void start(T* records, std::int64_t count, MPI_Comm comm, std::vector<MPI_Request>* pending) const;
-  int width() const noexcept { return m_width; }
+  int width() const noexcept { return m_layout.width(); }
+  RecordLayout layout() const noexcept { return m_layout; }
 
  private:
-  int m_width;
+  RecordLayout m_layout;
   MPI_Datatype m_type = MPI_DATATYPE_NULL;
   MPI_Op m_op = MPI_OP_NULL;
 };

@@ -5,7 +5,9 @@
 /// seed_strategy.hpp) take. Definitions in cross_entropy_impl.hpp.
 
 #include <Kokkos_Core.hpp>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <string>
 
@@ -23,6 +25,13 @@
 
 namespace vpce::impl {
 
+/// A number for a message: %g.
+inline std::string short_number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  return buf;
+}
+
 /// The buffers a CrossEntropy keeps across calls: grown on demand, reused.
 template <class T, class MemSpace>
 struct Workspace {
@@ -30,7 +39,8 @@ struct Workspace {
   /// backward() read), `width` values each (record_width), staged on the host for the records' merge; the
   /// head block's padding and call status ride behind its rows.
   Staged<records_view<T, MemSpace>, MpiOp::host_function> records;
-  int width = 4;
+  RecordLayout layout;
+  int width() const noexcept { return layout.width(); }
   Kokkos::View<T*, MemSpace> lse;
   chunk_max_view<T, MemSpace> chunk_max;  ///< per row chunk, the max its stored exps are relative to
   /// The fused strategy's exp(x - m) on the host: two blocks' worth, which stay in cache, so the caller's rows
@@ -45,9 +55,9 @@ struct Workspace {
   Kokkos::View<T*, MemSpace> row_output;  ///< entropy(), logprob() or z_loss_terms(), computed when asked
 
   /// The records as the kernels see them, and their part [r0, r1) as MPI does.
-  Records<T, MemSpace> recs() const { return {records.view(), width}; }
+  Records<T, MemSpace> recs() const { return {records.view(), layout}; }
   auto record_part(std::int64_t r0, std::int64_t r1) const {
-    return records.part(std::make_pair(r0 * width, r1 * width));
+    return records.part(std::make_pair(r0 * width(), r1 * width()));
   }
 
   /// Room for n rows (and the fused head's padding and status: head_rows + status_records records), a
@@ -67,6 +77,7 @@ class CrossEntropyCore {
   using targets_view = typename public_type::targets_view;
   using loss_view = typename public_type::loss_view;
   using grad_loss_view = typename public_type::grad_loss_view;
+  using probs_view = typename public_type::probs_view;
 
   /// Collective: checks the options and that they, and the partition, are the same on every rank; agrees on
   /// the block sizes.
@@ -77,10 +88,11 @@ class CrossEntropyCore {
   /// collective carries the call status. `what`: loss (forward, recompute), stash (forward, stash) or grad
   /// (loss_and_grad; rows of G at grad with row stride ld_grad, checked against grad_rows x grad_cols).
   /// grad_loss: the per-row View of the per-row overloads, nullptr for a scalar grad_scale.
+  /// probs: the target probabilities (instead of `targets`, which is then empty), or nullptr.
   template <class G>
   void call(const logits_view& logits, const targets_view& targets, const loss_view& loss, Write what, G* grad,
             std::int64_t grad_rows, std::int64_t grad_cols, std::int64_t ld_grad, const grad_loss_view* grad_loss,
-            T grad_scale);
+            T grad_scale, const probs_view* probs = nullptr);
   /// set_class_weights() (clear: clear_class_weights()): collective.
   void set_class_weights(const Kokkos::View<const T*, memory_space>& local, bool clear);
   /// backward(): no communication, local checks.
@@ -102,8 +114,13 @@ class CrossEntropyCore {
   static bool wants_entropy(const Options& o) noexcept { return o.entropy || o.entropy_weight != 0; }
   /// A per-row output of the last call (entropy(), logprob(), z_loss_terms()), into ws.row_output.
   Kokkos::View<const T*, memory_space> row_output(RowOutput what);
-  KernelArgs<Scalar, T, memory_space> kernel_args(const Scalar* x, std::int64_t ld_x, const targets_view& targets) const {
-    return {x, ld_x, part.local_size(), part.begin(), targets, params()};
+  KernelArgs<Scalar, T, memory_space> kernel_args(const Scalar* x, std::int64_t ld_x, const targets_view& targets,
+                                                  const probs_view& probs) const {
+    KernelArgs<Scalar, T, memory_space> a{x, ld_x, part.local_size(), part.begin(), targets, params()};
+    a.probs = opt.probability_targets;
+    a.q = probs.data();
+    a.ld_q = probs.extent(0) > 0 ? std::int64_t(probs.stride(0)) : 0;
+    return a;
   }
 
   Communicator comm;
@@ -126,13 +143,14 @@ class CrossEntropyCore {
   double weight_sum = 0;
   logits_view saved_logits;
   targets_view saved_targets;
+  probs_view saved_probs;
   targets_view last_targets;  ///< of the last call, for the per-row outputs
   bool have_forward = false;
 
  private:
   template <class G, bool Capped>
-  void run_strategy(const logits_view& logits, const targets_view& targets, const loss_view& loss, Write what,
-                    const RowPtr<G>& y, const GradScale<T, memory_space>& g, const CallStatus& status,
+  void run_strategy(const KernelArgs<Scalar, T, memory_space>& args, std::int64_t n_rows, const loss_view& loss,
+                    Write what, const RowPtr<G>& y, const GradScale<T, memory_space>& g, const CallStatus& status,
                     const std::string& err);
   template <class G, bool Capped>
   void backward_rows(const GradScale<T, memory_space>& g, const RowPtr<G>& y);
@@ -174,7 +192,7 @@ struct CallContext {
     ScopedRegion region("vpce::loss_grad");
     auto launch = [&](auto write, auto source) {
       Finalize<Scalar, T, G, memory_space, decltype(write)::value, decltype(source)::value, Capped> f(
-          args, Records<const T, memory_space>{core.ws.records.view(), core.ws.width},
+          args, Records<const T, memory_space>{core.ws.records.view(), core.ws.layout},
           LossOut<T, memory_space>{loss, core.ws.lse}, y, g, core.ws.stash_target,
           StoredExps<T, memory_space>{{exps.data, exps.ld, exps.row0}, core.ws.chunk_max},
           core.template store<G>());
@@ -198,17 +216,28 @@ struct CallContext {
     with_write(std::integral_constant<Source, Source::logits>());
   }
 
-  /// The non-finite check (NonFinite::error) of rows [r0, r1) on the merged records, which MPI's side holds
-  /// on the host, the same on every rank: at a bad row, the outputs written so far (the loss, and gradient
+  /// The checks of rows [r0, r1) on the merged records, which MPI's side holds on the host, the same on
+  /// every rank: non-finite logits (NonFinite::error), and target probabilities that are negative or do not
+  /// sum to 1 (probability_tolerance()). At a bad row, the outputs written so far (the loss, and gradient
   /// rows [0, written_rows)) become NaN, then every rank throws.
   void check(std::int64_t r0, std::int64_t r1, std::int64_t written_rows) const {
-    if (core.opt.non_finite != NonFinite::error) return;
+    const bool probs = core.opt.probability_targets;
+    if (core.opt.non_finite != NonFinite::error && !probs) return;
     const Records<const T, Kokkos::HostSpace> merged{
         Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(core.ws.records.mpi().data(),
                                                                           core.ws.records.mpi().span()),
-        core.ws.width};
+        core.ws.layout};
     for (std::int64_t i = r0; i < r1; ++i) {
-      switch (row_verdict(merged.load(i))) {
+      const RowStats<T> r = merged.load(i);
+      if (probs) {
+        const std::string row = "row " + std::to_string(i) + " of the target probabilities ";
+        if (r.q == neg_inf<T>()) fail(written_rows, row + "has a negative entry");
+        if (!(std::abs(double(r.q) - 1.0) <= probability_tolerance<Scalar>()))
+          fail(written_rows, row + "sums to " + short_number(double(r.q)) + ", expected 1 (within " +
+                                 short_number(probability_tolerance<Scalar>()) + ")");
+      }
+      if (core.opt.non_finite != NonFinite::error) continue;
+      switch (row_verdict(r)) {
         case RowVerdict::ok:
           break;
         case RowVerdict::non_finite:

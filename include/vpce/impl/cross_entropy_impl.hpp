@@ -55,8 +55,8 @@ void Workspace<T, MemSpace>::reserve(std::int64_t n, std::int64_t head_rows, std
                                      std::int64_t scratch_rows, bool seed_stats, bool stash_rows) {
   auto alloc = [](const char* label) { return Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)); };
   const std::int64_t n_records = std::max(n, head_rows + status_records);
-  if (std::int64_t(records.view().extent(0)) < n_records * width) {
-    records = decltype(records)(records_view<T, MemSpace>(alloc("vpce::records"), n_records * width));
+  if (std::int64_t(records.view().extent(0)) < n_records * width()) {
+    records = decltype(records)(records_view<T, MemSpace>(alloc("vpce::records"), n_records * width()));
     lse = Kokkos::View<T*, MemSpace>(alloc("vpce::lse"), n_records);
     chunk_max = chunk_max_view<T, MemSpace>(alloc("vpce::chunk_max"), n_records,
                                             std::max<std::int64_t>(1, num_chunks(v_local)));
@@ -67,7 +67,7 @@ void Workspace<T, MemSpace>::reserve(std::int64_t n, std::int64_t head_rows, std
     exp_scratch = decltype(exp_scratch)(alloc("vpce::exp_scratch"), scratch_rows, v_local);
   }
   if (seed_stats && std::int64_t(seed.view().extent(0)) < n)
-    seed = decltype(seed)(seed_stats_view<T, MemSpace>(alloc("vpce::seed_stats"), n, width));
+    seed = decltype(seed)(seed_stats_view<T, MemSpace>(alloc("vpce::seed_stats"), n, width()));
   if (seed_stats && seed_head.view().extent(0) == 0)
     seed_head = decltype(seed_head)(Kokkos::View<T*, MemSpace>("vpce::seed_head", seed_head_rows + status_size));
   if (stash_rows && (std::int64_t(stash.extent(0)) < n || std::int64_t(stash.extent(1)) != v_local)) {
@@ -82,8 +82,8 @@ void Workspace<T, MemSpace>::reserve(std::int64_t n, std::int64_t head_rows, std
 template <class Scalar, class ExecSpace>
 CrossEntropyCore<Scalar, ExecSpace>::CrossEntropyCore(const Communicator& comm_, const VocabPartition& partition,
                                                       const Options& options, const ExecSpace& exec_)
-    : comm(comm_), part(partition), opt(options), exec(exec_), reduction(record_width(wants_entropy(options))) {
-  ws.width = reduction.width();
+    : comm(comm_), part(partition), opt(options), exec(exec_), reduction(RecordLayout{options.probability_targets, wants_entropy(options)}) {
+  ws.layout = reduction.layout();
   std::string err = check_options(opt);
   if (part.num_ranks() != comm.size()) {
     err = "the partition is for " + std::to_string(part.num_ranks()) + " ranks, the communicator has " +
@@ -116,6 +116,7 @@ CrossEntropyCore<Scalar, ExecSpace>::CrossEntropyCore(const Communicator& comm_,
                             {"Options::logit_scale (bits)", bits_of(opt.logit_scale)},
                             {"Options::softcap (bits)", bits_of(opt.softcap)},
                             {"Options::entropy", opt.entropy ? 1 : 0},
+                            {"Options::probability_targets", opt.probability_targets ? 1 : 0},
                             {"Options::entropy_weight (bits)", bits_of(opt.entropy_weight)}});
   // The head (first block) is at most max_head_rows, and its scratch at most max_head_scratch_bytes.
   const std::int64_t scratch_row_bytes = std::max<std::int64_t>(1, part.local_size()) * std::int64_t(sizeof(T));
@@ -186,22 +187,30 @@ template <class G>
 void CrossEntropyCore<Scalar, ExecSpace>::call(const logits_view& logits, const targets_view& targets,
                                                const loss_view& loss, Write what, G* grad, std::int64_t grad_rows,
                                                std::int64_t grad_cols, std::int64_t ld_grad,
-                                               const grad_loss_view* grad_loss, T grad_scale) {
+                                               const grad_loss_view* grad_loss, T grad_scale,
+                                               const probs_view* probs) {
   ScopedRegion region("vpce::cross_entropy");
   lse_out = {};
   last_targets = {};
   reduced_loss = std::numeric_limits<double>::quiet_NaN();
-  const std::int64_t n_rows = targets.extent(0);
+  const std::int64_t n_rows = probs != nullptr ? probs->extent(0) : targets.extent(0);
   const std::int64_t v_local = part.local_size();
   // Local checks. Their outcome (and N, and a checksum of the targets) rides in the strategy's first
   // collective: a rank whose inputs are bad still takes part in it, but runs no kernel on them.
   std::string err;
-  if (std::int64_t(logits.extent(1)) != v_local) {
+  if (opt.probability_targets && probs == nullptr) {
+    err = "Options::probability_targets is set: pass the target probabilities (N x V_local), not target ids";
+  } else if (!opt.probability_targets && probs != nullptr) {
+    err = "target probabilities need Options::probability_targets (set when the CrossEntropy is built)";
+  } else if (probs != nullptr && std::int64_t(probs->extent(1)) != v_local) {
+    err = "the target probabilities have " + std::to_string(probs->extent(1)) +
+          " columns, the partition gives this rank " + std::to_string(v_local);
+  } else if (std::int64_t(logits.extent(1)) != v_local) {
     err = "the logits have " + std::to_string(logits.extent(1)) + " columns, the partition gives this rank " +
           std::to_string(v_local);
   } else if (std::int64_t(logits.extent(0)) != n_rows) {
     err = "the logits have " + std::to_string(logits.extent(0)) + " rows but there are " + std::to_string(n_rows) +
-          " targets";
+          (probs != nullptr ? " rows of target probabilities" : " targets");
   } else if (std::int64_t(loss.extent(0)) != n_rows) {
     err = "the loss has " + std::to_string(loss.extent(0)) + " entries, expected " + std::to_string(n_rows);
   } else if (what == Write::grad && (grad_rows != n_rows || grad_cols != v_local)) {
@@ -210,14 +219,18 @@ void CrossEntropyCore<Scalar, ExecSpace>::call(const logits_view& logits, const 
     err = "grad_loss has " + std::to_string(grad_loss->extent(0)) + " entries, expected " + std::to_string(n_rows);
   }
   std::int64_t checksum = 0;
-  if (err.empty()) err = check_targets(targets, &checksum);
+  if (err.empty() && probs == nullptr) err = check_targets(targets, &checksum);
+  if (probs != nullptr) {  // every row counts; the mean divides by N (PyTorch's)
+    n_valid = n_rows;
+    valid_weight = double(n_rows);
+  }
   const auto g = grad_scale_for(grad_loss, grad_scale, &err);
   const CallStatus status{!err.empty(), n_rows, checksum};
 
   const bool capped = opt.softcap > 0;
   const bool fused = opt.strategy == Strategy::fused;
   const std::int64_t scratch_rows =
-      err.empty() && fused && fused_stores_exps(what, capped, use_teams())
+      err.empty() && fused && fused_stores_exps(what, capped, use_teams(), opt.probability_targets)
                                         ? scratch_slots(n_rows, head_rows, block_rows).rows
                                         : 0;
   ws.reserve(n_rows, head_rows, v_local, scratch_rows, !fused, what == Write::stash && err.empty());
@@ -225,10 +238,12 @@ void CrossEntropyCore<Scalar, ExecSpace>::call(const logits_view& logits, const 
   if constexpr (std::is_same_v<G, T>) {
     if (what == Write::stash) y = {ws.stash.data(), std::int64_t(ws.stash.stride(0)), 0};
   }
+  const auto args = kernel_args(logits.data(), std::int64_t(logits.stride(0)), targets,
+                                probs != nullptr ? *probs : probs_view());
   if (capped) {
-    run_strategy<G, true>(logits, targets, loss, what, y, g, status, err);
+    run_strategy<G, true>(args, n_rows, loss, what, y, g, status, err);
   } else {
-    run_strategy<G, false>(logits, targets, loss, what, y, g, status, err);
+    run_strategy<G, false>(args, n_rows, loss, what, y, g, status, err);
   }
   lse_out = Kokkos::subview(ws.lse, std::make_pair(std::int64_t(0), n_rows));
   last_targets = targets;
@@ -239,13 +254,12 @@ void CrossEntropyCore<Scalar, ExecSpace>::call(const logits_view& logits, const 
 
 template <class Scalar, class ExecSpace>
 template <class G, bool Capped>
-void CrossEntropyCore<Scalar, ExecSpace>::run_strategy(const logits_view& logits, const targets_view& targets,
-                                                       const loss_view& loss, Write what, const RowPtr<G>& y,
-                                                       const GradScale<T, memory_space>& g, const CallStatus& status,
-                                                       const std::string& err) {
+void CrossEntropyCore<Scalar, ExecSpace>::run_strategy(const KernelArgs<Scalar, T, memory_space>& args,
+                                                       std::int64_t n_rows, const loss_view& loss, Write what,
+                                                       const RowPtr<G>& y, const GradScale<T, memory_space>& g,
+                                                       const CallStatus& status, const std::string& err) {
   using Ctx = CallContext<CrossEntropyCore, G, Capped>;
-  const Ctx c{*this,     kernel_args(logits.data(), std::int64_t(logits.stride(0)), targets),
-              std::int64_t(targets.extent(0)), loss, what, y, g, status, err};
+  const Ctx c{*this, args, n_rows, loss, what, y, g, status, err};
   if (opt.strategy == Strategy::seed) {
     SeedStrategy<Ctx>(c).run();
   } else {
@@ -259,7 +273,7 @@ void CrossEntropyCore<Scalar, ExecSpace>::backward(const grad_loss_view* grad_lo
                                                    std::int64_t rows, std::int64_t cols, std::int64_t ld) {
   // No communication here, so the checks are local.
   VPCE_THROW_IF(!have_forward, "backward() needs a forward() first (loss_and_grad() keeps nothing)");
-  const std::int64_t n_rows = saved_targets.extent(0);
+  const std::int64_t n_rows = opt.probability_targets ? saved_probs.extent(0) : saved_targets.extent(0);
   const std::int64_t v_local = part.local_size();
   VPCE_THROW_IF(rows != n_rows || cols != v_local,
                 "the gradient is " + shape(rows, cols) + ", expected " + shape(n_rows, v_local));
@@ -282,16 +296,17 @@ void CrossEntropyCore<Scalar, ExecSpace>::backward(const grad_loss_view* grad_lo
 template <class Scalar, class ExecSpace>
 template <class G, bool Capped>
 void CrossEntropyCore<Scalar, ExecSpace>::backward_rows(const GradScale<T, memory_space>& g, const RowPtr<G>& y) {
-  const std::int64_t n_rows = saved_targets.extent(0);
+  const std::int64_t n_rows = opt.probability_targets ? saved_probs.extent(0) : saved_targets.extent(0);
   if (opt.mode == Mode::stash_softmax) {
-    const KernelArgs<T, T, memory_space> args{ws.stash.data(), std::int64_t(ws.stash.stride(0)), part.local_size(),
-                                              part.begin(),    saved_targets,                    params()};
+    KernelArgs<T, T, memory_space> args{ws.stash.data(), std::int64_t(ws.stash.stride(0)), part.local_size(),
+                                        part.begin(),    saved_targets,                    params()};
+    args.probs = opt.probability_targets;  // the stash holds every term: no target column
     const BackwardFromStash<T, G, memory_space> f(args, ws.stash_target, y, g, store<G>());
     for_rows("vpce::backward_stash", exec, 0, n_rows, f, use_teams());
   } else {
     // The records hold the merged statistics of the last forward; lse is recomputed from them.
     const Finalize<Scalar, T, G, memory_space, Write::grad, Source::logits, Capped> f(
-        kernel_args(saved_logits.data(), std::int64_t(saved_logits.stride(0)), saved_targets), ws.recs(),
+        kernel_args(saved_logits.data(), std::int64_t(saved_logits.stride(0)), saved_targets, saved_probs), ws.recs(),
         LossOut<T, memory_space>::none(), y, g, ws.stash_target, StoredExps<T, memory_space>{}, store<G>());
     for_rows("vpce::backward_recompute", exec, 0, n_rows, f, use_teams());
   }
@@ -350,18 +365,21 @@ CrossEntropyCore<Scalar, ExecSpace>::row_output(RowOutput what) {
   VPCE_THROW_IF(what == RowOutput::entropy && !wants_entropy(opt),
                 "entropy() needs Options::entropy (or an entropy_weight): the entropy's statistic travels in the "
                 "collective only when asked for");
+  VPCE_THROW_IF(what == RowOutput::logprob && opt.probability_targets,
+                "logprob() needs target ids: with probability targets there is no target column");
   const std::int64_t n = lse_out.extent(0);
-  if (last_targets.data() == nullptr && n == 0) return {};  // the last call failed, or there was none
+  if (n == 0) return {};  // the last call failed, or had no rows
   if (std::int64_t(ws.row_output.extent(0)) < n)
     ws.row_output = Kokkos::View<T*, memory_space>(
         Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("vpce::row_output")), n);
-  const RowOutputs<T, memory_space> f{Records<const T, memory_space>{ws.records.view(), ws.width},
+  const RowOutputs<T, memory_space> f{Records<const T, memory_space>{ws.records.view(), ws.layout},
                                       lse_out,
                                       last_targets,
                                       ws.row_output,
                                       what,
                                       opt.ignore_index,
-                                      T(opt.z_loss)};
+                                      T(opt.z_loss),
+                                      opt.probability_targets};
   Kokkos::parallel_for("vpce::row_output", Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(exec, 0, n),
                        f);
   fence(exec, "vpce::row_output");
@@ -389,7 +407,59 @@ void CrossEntropy<Scalar, ExecSpace>::forward(const logits_view& logits, const t
                                       0, 0, 0, nullptr, compute_type(1));
   m_core->saved_logits = stash ? logits_view() : logits;
   m_core->saved_targets = targets;
+  m_core->saved_probs = {};
   m_core->have_forward = true;
+}
+
+template <class Scalar, class ExecSpace>
+void CrossEntropy<Scalar, ExecSpace>::forward(const logits_view& logits, const probs_view& target_probs,
+                                              const loss_view& loss) {
+  const bool stash = m_core->opt.mode == Mode::stash_softmax;
+  m_core->have_forward = false;
+  m_core->template call<compute_type>(logits, targets_view(), loss, stash ? impl::Write::stash : impl::Write::loss,
+                                      nullptr, 0, 0, 0, nullptr, compute_type(1), &target_probs);
+  m_core->saved_logits = stash ? logits_view() : logits;
+  m_core->saved_targets = {};
+  m_core->saved_probs = target_probs;  // in stash mode only its row count is used
+  m_core->have_forward = true;
+}
+
+template <class Scalar, class ExecSpace>
+void CrossEntropy<Scalar, ExecSpace>::loss_and_grad(const logits_view& logits, const probs_view& target_probs,
+                                                    const loss_view& loss, const grad_view& grad,
+                                                    compute_type grad_scale) {
+  m_core->have_forward = false;
+  m_core->call(logits, targets_view(), loss, impl::Write::grad, grad.data(), grad.extent(0), grad.extent(1),
+               grad.stride(0), nullptr, grad_scale, &target_probs);
+}
+
+template <class Scalar, class ExecSpace>
+void CrossEntropy<Scalar, ExecSpace>::loss_and_grad(const logits_view& logits, const probs_view& target_probs,
+                                                    const loss_view& loss, const grad_storage_view& grad,
+                                                    compute_type grad_scale) {
+  m_core->have_forward = false;
+  if constexpr (is_16bit_v<Scalar>)
+    m_core->call(logits, targets_view(), loss, impl::Write::grad, grad.data(), grad.extent(0), grad.extent(1),
+                 grad.stride(0), nullptr, grad_scale, &target_probs);
+}
+
+template <class Scalar, class ExecSpace>
+void CrossEntropy<Scalar, ExecSpace>::loss_and_grad(const logits_view& logits, const probs_view& target_probs,
+                                                    const loss_view& loss, const grad_view& grad,
+                                                    const grad_loss_view& grad_loss) {
+  m_core->have_forward = false;
+  m_core->call(logits, targets_view(), loss, impl::Write::grad, grad.data(), grad.extent(0), grad.extent(1),
+               grad.stride(0), &grad_loss, compute_type(1), &target_probs);
+}
+
+template <class Scalar, class ExecSpace>
+void CrossEntropy<Scalar, ExecSpace>::loss_and_grad(const logits_view& logits, const probs_view& target_probs,
+                                                    const loss_view& loss, const grad_storage_view& grad,
+                                                    const grad_loss_view& grad_loss) {
+  m_core->have_forward = false;
+  if constexpr (is_16bit_v<Scalar>)
+    m_core->call(logits, targets_view(), loss, impl::Write::grad, grad.data(), grad.extent(0), grad.extent(1),
+                 grad.stride(0), &grad_loss, compute_type(1), &target_probs);
 }
 
 template <class Scalar, class ExecSpace>

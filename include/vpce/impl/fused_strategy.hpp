@@ -38,7 +38,10 @@ inline ScratchSlots scratch_slots(std::int64_t n, std::int64_t head_rows, std::i
 }
 
 /// Whether a call keeps the host's exps in the scratch (see the file comment).
-inline bool fused_stores_exps(Write what, bool capped, bool teams) { return what != Write::loss && !capped && !teams; }
+/// Not with probability targets: their gradient reads them beside recomputed exps (a per-column term).
+inline bool fused_stores_exps(Write what, bool capped, bool teams, bool probs) {
+  return what != Write::loss && !capped && !teams && !probs;
+}
 
 template <class Ctx>
 class FusedStrategy {
@@ -46,7 +49,7 @@ class FusedStrategy {
   explicit FusedStrategy(const Ctx& c)
       : c(c),
         ws(c.core.ws),
-        store_exps(fused_stores_exps(c.what, Ctx::capped, c.core.use_teams())) {}
+        store_exps(fused_stores_exps(c.what, Ctx::capped, c.core.use_teams(), c.core.opt.probability_targets)) {}
 
   void run() {
     const std::int64_t n = c.n_rows;
@@ -96,6 +99,9 @@ class FusedStrategy {
     ScopedRegion region("vpce::stats");
     using Stats = LocalStats<typename Ctx::Scalar, T, memory_space, Ctx::capped>;
     c.for_rows("vpce::local_stats", r0, r1, Stats(c.args, ws.recs(), exps(block, r0), ws.chunk_max));
+    if (c.args.probs)
+      c.for_rows("vpce::target_prob_sums", r0, r1,
+                 TargetProbSums<typename Ctx::Scalar, T, memory_space, Ctx::capped>(c.args, ws.recs()));
   }
 
   /// The head block's all-reduce: head_rows records (this rank's statistics of its rows, the merge's identity
@@ -104,7 +110,7 @@ class FusedStrategy {
     ScopedRegion region("vpce::collective");
     const std::int64_t head = c.core.head_rows;
     const std::int64_t mine = c.ok() ? h0 : 0;  // rows with this rank's statistics
-    const int w = ws.width;
+    const int w = ws.width();
     std::vector<T> tail((head - mine + status_records) * w, T(0));  // the identity: m = -inf, the rest 0
     for (std::int64_t r = 0; r < head - mine; ++r) tail[r * w] = neg_inf<T>();
     encode_status_records(c.status, tail.data() + (head - mine) * w, w);

@@ -53,8 +53,8 @@ struct OnlineStats {
   T m, s, zmax, sx, h;
   /// Adds column value x (raw logit z); ax is its term of sx (x, or w_j x with class weights).
   KOKKOS_INLINE_FUNCTION void add(T z, T x, T ax) {
-    const RowStats<T> r = merge(RowStats<T>{m, s, T(0), T(0), h},
-                                RowStats<T>{x, x == neg_inf<T>() ? T(0) : T(1), T(0), T(0), T(0)});
+    const RowStats<T> r = merge(RowStats<T>{m, s, T(0), T(0), h, T(0), T(0)},
+                                RowStats<T>{x, x == neg_inf<T>() ? T(0) : T(1), T(0), T(0), T(0), T(0), T(0)});
     m = r.m;
     s = r.s;
     h = r.h;
@@ -62,7 +62,8 @@ struct OnlineStats {
     sx += ax;
   }
   KOKKOS_INLINE_FUNCTION void join(T m2, T s2, T zmax2, T sx2, T h2) {
-    const RowStats<T> r = merge(RowStats<T>{m, s, T(0), T(0), h}, RowStats<T>{m2, s2, T(0), T(0), h2});
+    const RowStats<T> r =
+        merge(RowStats<T>{m, s, T(0), T(0), h, T(0), T(0)}, RowStats<T>{m2, s2, T(0), T(0), h2, T(0), T(0)});
     m = r.m;
     s = r.s;
     h = r.h;
@@ -521,14 +522,38 @@ struct KernelArgs {
   std::int64_t ld_x = 0;
   std::int64_t n = 0;      ///< local vocabulary width
   std::int64_t begin = 0;  ///< first global column of this rank
-  Kokkos::View<const std::int64_t*, MemSpace> targets;
+  Kokkos::View<const std::int64_t*, MemSpace> targets;  ///< target ids (empty with probability targets)
   Params<T> p;
+  /// Probability targets (Options::probability_targets): every row counts, no row has a target column; q:
+  /// their rows (N x n, row stride ld_q; nullptr where a kernel does not read them).
+  bool probs = false;
+  const S* q = nullptr;
+  std::int64_t ld_q = 0;
   KOKKOS_INLINE_FUNCTION std::int64_t local_target(std::int64_t i) const {
+    if (probs) return -1;
     const std::int64_t c = targets(i) - begin;
     return (c >= 0 && c < n) ? c : -1;
   }
-  KOKKOS_INLINE_FUNCTION bool valid(std::int64_t i) const { return targets(i) != p.ignore_index; }
+  KOKKOS_INLINE_FUNCTION bool valid(std::int64_t i) const { return probs || targets(i) != p.ignore_index; }
 };
+
+/// The sums of a row's target probabilities q (with class weights w, or nullptr) against its logits x(j):
+/// t = sum w_j q_j x_j (a q_j of 0 adds 0, also at a -inf logit), q = sum q_j, or -inf if some q_j < 0, and
+/// wq = sum w_j q_j: a pass for each (the row of q and the logits' row from cache after the first).
+template <class T, class Inner, class Q, class X>
+KOKKOS_INLINE_FUNCTION void probability_sums(const Inner& in, std::int64_t n, const Q& q, const X& x, const T* w,
+                                             T* t, T* qs, T* wq) {
+  auto qx = [&](T qj, std::int64_t j) { return select(qj == T(0), T(0), qj * x(j)); };
+  if (w != nullptr) {  // the branch outside the loops: inside, GCC leaves some of them scalar
+    *t = in.template sum<T>(n, [&](std::int64_t j) { return qx(w[j] * q(j), j); });
+  } else {
+    *t = in.template sum<T>(n, [&](std::int64_t j) { return qx(q(j), j); });
+  }
+  *qs = in.template sum<T>(n, q);
+  const T most_negative = in.template max<T>(n, [&](std::int64_t j) { return -q(j); });
+  *wq = w != nullptr ? in.template sum<T>(n, [&](std::int64_t j) { return w[j] * q(j); }) : *qs;
+  if (most_negative > T(0)) *qs = neg_inf<T>();
+}
 
 /// The records a statistics kernel writes (one per row) and Finalize reads (the merged ones), flat.
 template <class T, class MemSpace>
@@ -635,18 +660,60 @@ class LocalSumGather {
       });
     }
     const std::int64_t c = m_a.local_target(i);
+    const T t = c >= 0 ? p.template transform<Capped>(to_compute(x[c])) : T(0);
     in.barrier();
     in.single([&]() {
       m_out(i, 1) = s;
-      m_out(i, 2) = c >= 0 ? p.template transform<Capped>(to_compute(x[c])) : T(0);
+      m_out(i, 2) = t;  // with probability targets, TargetProbSums writes it after
       m_out(i, 3) = sum_x;
-      if (p.entropy) m_out(i, 4) = h;
+      if (p.entropy) m_out(i, RecordLayout{m_a.probs, true}.h()) = h;
     });
   }
 
  private:
   KernelArgs<S, T, MemSpace> m_a;
   seed_stats_view<T, MemSpace> m_out;
+};
+
+/// With probability targets, after the statistics of a row (LocalStats, or the seed's LocalSumGather): the
+/// sums of its target probabilities (probability_sums) into its record's t, q, wq, or the seed's columns
+/// 2, 4, 5. A pass of its own, so that the statistics' kernels stay as they are without them.
+template <class S, class T, class MemSpace, bool Capped>
+class TargetProbSums {
+ public:
+  TargetProbSums(const KernelArgs<S, T, MemSpace>& args, const Records<T, MemSpace>& records)
+      : m_a(args), m_records(records) {}
+  TargetProbSums(const KernelArgs<S, T, MemSpace>& args, const seed_stats_view<T, MemSpace>& seed)
+      : m_a(args), m_seed(seed) {}
+  template <class Inner>
+  KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t i) const {
+    const S* x = m_a.x + i * m_a.ld_x;
+    const S* qr = m_a.q + i * m_a.ld_q;
+    const Params<T>& p = m_a.p;
+    T t, qs, wq;
+    probability_sums<T>(
+        in, m_a.n, [&](std::int64_t j) { return to_compute(qr[j]); },
+        [&](std::int64_t j) { return p.template transform<Capped>(to_compute(x[j])); },
+        p.weights == nullptr ? nullptr : p.weights + m_a.begin, &t, &qs, &wq);
+    in.single([&]() {
+      if (m_seed.extent(0) > 0) {
+        m_seed(i, 2) = t;
+        m_seed(i, 4) = qs;
+        m_seed(i, 5) = wq;
+      } else {
+        RowStats<T> r = m_records.load(i);
+        r.t = t;
+        r.q = qs;
+        r.wq = wq;
+        m_records.store(i, r);
+      }
+    });
+  }
+
+ private:
+  KernelArgs<S, T, MemSpace> m_a;
+  Records<T, MemSpace> m_records;
+  seed_stats_view<T, MemSpace> m_seed;
 };
 
 /// What the checks of the targets found (one pass over N int64 values).
@@ -753,9 +820,11 @@ class Finalize {
     const T mu = r.h / r.s;  // E[x] - m: the entropy is log(s) - mu
     const bool valid = m_a.valid(i);
     // With class weights: the target's weight w_t, and lse's coefficient (1 - A) w_t + A W / V (else 1).
+    // With probability targets: (1 - A) sum_j w_j q_j + A W / V, w_j = 1 without class weights.
     const bool weighted = p.weights != nullptr;
-    const T w_t = weighted && valid ? p.weights[m_a.targets(i)] : T(1);
-    const T c_lse = weighted ? (T(1) - p.alpha) * w_t + p.alpha * p.w_over_v : T(1);
+    const T w_t = weighted && valid && !m_a.probs ? p.weights[m_a.targets(i)] : T(1);
+    T c_lse = weighted ? (T(1) - p.alpha) * w_t + p.alpha * p.w_over_v : T(1);
+    if (m_a.probs) c_lse = (T(1) - p.alpha) * r.wq + p.alpha * p.w_over_v;
     if constexpr (What != Write::loss) {
       G* yr = m_y.row(i);
       const S* x = m_a.x + i * m_a.ld_x;
@@ -840,20 +909,30 @@ class Finalize {
           const T e = fast_exp(xj - l);
           return select(e == T(0), T(0), e * (kp + kb * (mu - (xj - r.m))));
         };
+        // The terms of the target distribution at column j: A w_j / V, and with probability targets
+        // (1 - A) w_j q_j (w_j = 1 without class weights).
         auto smooth = [&](std::int64_t) { return ka; };
         const T* w = weighted ? p.weights + m_a.begin : nullptr;
         auto smooth_weighted = [&](std::int64_t j) { return ka * w[j]; };
-        const bool per_column = weighted && p.alpha > T(0);
-        if (p.beta == T(0)) {
-          if (per_column) {
-            write_row(softmax, smooth_weighted);
+        const S* qr = m_a.q == nullptr ? nullptr : m_a.q + i * m_a.ld_q;
+        const T kq = gi * (T(1) - p.alpha);
+        auto probs = [&](std::int64_t j) { return ka + kq * to_compute(qr[j]); };
+        auto probs_weighted = [&](std::int64_t j) { return (ka + kq * to_compute(qr[j])) * w[j]; };
+        auto with_term = [&](const auto& term) {
+          if (qr != nullptr && weighted) {
+            write_row(term, probs_weighted);
+          } else if (qr != nullptr) {
+            write_row(term, probs);
+          } else if (weighted && p.alpha > T(0)) {
+            write_row(term, smooth_weighted);
           } else {
-            write_row(softmax, smooth);
+            write_row(term, smooth);
           }
-        } else if (per_column) {
-          write_row(entropic, smooth_weighted);
+        };
+        if (p.beta == T(0)) {
+          with_term(softmax);
         } else {
-          write_row(entropic, smooth);
+          with_term(entropic);
         }
       }
       if constexpr (What == Write::stash) in.single([&]() { m_stash_target(i) = kt * chain_c; });
@@ -862,7 +941,8 @@ class Finalize {
       in.single([&]() {
         m_out.lse(i) = l;
         // Weighted: (1 - A) w_t (lse - x_t) + A / V (W lse - sum_j w_j x_j), i.e. c_lse lse - ... .
-        T loss = weighted ? c_lse * l - (T(1) - p.alpha) * w_t * r.t - p.alpha * p.inv_vocab * r.a + p.zeta * l * l
+        T loss = weighted || m_a.probs
+                     ? c_lse * l - (T(1) - p.alpha) * w_t * r.t - p.alpha * p.inv_vocab * r.a + p.zeta * l * l
                           : l - (T(1) - p.alpha) * r.t - p.alpha * p.inv_vocab * r.a + p.zeta * l * l;
         if (p.beta != T(0)) loss += p.beta * (kmath::log(r.s) - mu);
         m_out.loss(i) = valid ? loss : T(0);
@@ -892,9 +972,10 @@ struct RowOutputs {
   RowOutput what;
   std::int64_t ignore_index;
   T zeta;
+  bool probs;  ///< probability targets: every row counts (and logprob() is not asked for)
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const {
     const RowStats<T> r = stats.load(i);
-    const bool valid = targets(i) != ignore_index;
+    const bool valid = probs || targets(i) != ignore_index;
     if (what == RowOutput::entropy) {
       out(i) = kmath::log(r.s) - r.h / r.s;
     } else if (what == RowOutput::logprob) {

@@ -13,16 +13,24 @@ namespace vpce::impl {
 
 /// Per-row partial statistics of one rank, and after the collective the merged ones:
 /// m = max logit, s = sum exp(x - m), t = the target's logit (0 where the target is not local), a = the
-/// sum of the logits (only computed with label smoothing, else 0), h = sum exp(x - m) (x - m) (only with
-/// the entropy, else 0: the entropy of the row is log(s) - h / s).
+/// sum of the logits (only computed with label smoothing, else 0; with class weights sum w_j x_j), h =
+/// sum exp(x - m) (x - m) (only with the entropy, else 0: the entropy of the row is log(s) - h / s).
+/// With probability targets q: t = sum_j w_j q_j x_j (w_j = 1 without class weights), q = sum_j q_j (-inf if
+/// some q_j < 0), wq = sum_j w_j q_j.
 /// A row with a NaN or +inf logit is marked by s = NaN (and m = 0, so the merge stays defined).
 template <class T>
 struct RowStats {
-  T m, s, t, a, h;
+  T m, s, t, a, h, q, wq;
 };
 
-/// Values per record in the collective: (m, s, t, a), and h only when the entropy is asked for.
-inline constexpr int record_width(bool entropy) { return entropy ? 5 : 4; }
+/// Which values a record carries in the collective: (m, s, t, a) always; (q, wq) with probability targets;
+/// h with the entropy. Fixed per CrossEntropy (its options).
+struct RecordLayout {
+  bool probs = false;
+  bool entropy = false;
+  KOKKOS_INLINE_FUNCTION constexpr int width() const { return 4 + (probs ? 2 : 0) + (entropy ? 1 : 0); }
+  KOKKOS_INLINE_FUNCTION constexpr int h() const { return probs ? 6 : 4; }  ///< where h is (with the entropy)
+};
 
 template <class T>
 KOKKOS_INLINE_FUNCTION T neg_inf() {
@@ -54,28 +62,41 @@ KOKKOS_INLINE_FUNCTION RowStats<T> merge(const RowStats<T>& a, const RowStats<T>
   }
   r.t = a.t + b.t;
   r.a = a.a + b.a;
+  r.q = a.q + b.q;
+  r.wq = a.wq + b.wq;
   return r;
 }
 
-/// Records stored flat, `width` values each (record_width): what the statistics kernels write, the
-/// collective merges and Finalize reads. load() gives h = 0 where the record has no h.
+/// Records stored flat, layout.width() values each: what the statistics kernels write, the collective merges
+/// and Finalize reads. load() gives 0 for the values the layout does not carry.
 template <class T, class MemSpace>
 struct Records {
+  using value_type = std::remove_const_t<T>;
   Kokkos::View<T*, MemSpace> data;
-  int width = 4;
-  KOKKOS_INLINE_FUNCTION RowStats<std::remove_const_t<T>> load(std::int64_t i) const {
-    const T* p = data.data() + i * width;
-    return {p[0], p[1], p[2], p[3], width > 4 ? p[4] : std::remove_const_t<T>(0)};
+  RecordLayout layout;
+  KOKKOS_INLINE_FUNCTION RowStats<value_type> load(std::int64_t i) const {
+    const T* p = data.data() + i * layout.width();
+    RowStats<value_type> r{p[0], p[1], p[2], p[3], value_type(0), value_type(0), value_type(0)};
+    if (layout.entropy) r.h = p[layout.h()];
+    if (layout.probs) {
+      r.q = p[4];
+      r.wq = p[5];
+    }
+    return r;
   }
   /// The same records, read-only.
-  operator Records<const T, MemSpace>() const { return {data, width}; }  // NOLINT(google-explicit-constructor)
+  operator Records<const T, MemSpace>() const { return {data, layout}; }  // NOLINT(google-explicit-constructor)
   KOKKOS_INLINE_FUNCTION void store(std::int64_t i, const RowStats<T>& r) const {
-    T* p = data.data() + i * width;
+    T* p = data.data() + i * layout.width();
     p[0] = r.m;
     p[1] = r.s;
     p[2] = r.t;
     p[3] = r.a;
-    if (width > 4) p[4] = r.h;
+    if (layout.entropy) p[layout.h()] = r.h;
+    if (layout.probs) {
+      p[4] = r.q;
+      p[5] = r.wq;
+    }
   }
 };
 

@@ -20,8 +20,15 @@ struct SeedToRecords {
   seed_stats_view<T, MemSpace> seed;
   Records<T, MemSpace> records;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const {
-    records.store(i, RowStats<T>{seed(i, 0), seed(i, 1), seed(i, 2), seed(i, 3),
-                                 seed.extent(1) > 4 ? seed(i, 4) : T(0)});
+    // The seed's columns are the records' values, in the same order.
+    const RecordLayout l = records.layout;
+    RowStats<T> r{seed(i, 0), seed(i, 1), seed(i, 2), seed(i, 3), T(0), T(0), T(0)};
+    if (l.entropy) r.h = seed(i, l.h());
+    if (l.probs) {
+      r.q = seed(i, 4);
+      r.wq = seed(i, 5);
+    }
+    records.store(i, r);
   }
 };
 
@@ -45,9 +52,12 @@ class SeedStrategy {
       ScopedRegion region("vpce::stats");
       c.for_rows("vpce::seed_sum_gather", 0, n,
                  LocalSumGather<Scalar, T, memory_space, Ctx::capped>(c.args, ws.seed.view()));
+      if (c.args.probs)
+        c.for_rows("vpce::target_prob_sums", 0, n,
+                   TargetProbSums<Scalar, T, memory_space, Ctx::capped>(c.args, ws.seed.view()));
     }
     for (int col = 1; col < (c.core.opt.label_smoothing > 0 ? 4 : 3); ++col) column_allreduce(col, MPI_SUM, 0);
-    if (c.core.ws.width > 4) column_allreduce(4, MPI_SUM, 0);  // the entropy's h
+    for (int col = 4; col < c.core.ws.width(); ++col) column_allreduce(col, MPI_SUM, 0);  // probs' sums, h
     // 3. The merged records: checked (nothing is written yet), then the loss and gradient.
     merged_records();
     c.check(0, n, /*written_rows=*/0);

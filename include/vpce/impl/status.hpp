@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "vpce/half.hpp"
 #include "vpce/impl/row_stats.hpp"
 
 namespace vpce::impl {
@@ -90,16 +91,17 @@ bool status_records_need_agreement(const T* merged, int width) {
   return status_needs_agreement(v);
 }
 
-/// What the MPI op does on n flat records of `width` values: inout[i] = in[i] merged with inout[i] --
-/// merge() for a row's records, the fieldwise max for the status records (s < 0).
+/// What the MPI op does on n flat records of `layout`: inout[i] = in[i] merged with inout[i] -- merge() for
+/// a row's records, the fieldwise max for the status records (s < 0).
 template <class T>
-void merge_records(const T* in, T* inout, int n, int width) {
+void merge_records(const T* in, T* inout, int n, RecordLayout layout) {
+  const int width = layout.width();
   const Records<const T, Kokkos::HostSpace> a{Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
                                                   in, std::size_t(n) * std::size_t(width)),
-                                              width};
+                                              layout};
   const Records<T, Kokkos::HostSpace> b{
       Kokkos::View<T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(inout, std::size_t(n) * std::size_t(width)),
-      width};
+      layout};
   for (int i = 0; i < n; ++i) {
     T* q = inout + std::int64_t(i) * width;
     if (q[1] < T(0)) {  // a status record
@@ -122,7 +124,7 @@ inline constexpr std::int64_t seed_head_rows = 8192;
 template <class T>
 KOKKOS_INLINE_FUNCTION RowStats<T> mark_row(T m, T s, T t, T a, T h, T zmax) {
   if (zmax == -neg_inf<T>()) s = zmax - zmax;
-  RowStats<T> r{m, s, t, a, h};
+  RowStats<T> r{m, s, t, a, h, T(0), T(0)};
   if (!(s == s)) r.m = 0;
   return r;
 }
@@ -137,6 +139,19 @@ KOKKOS_INLINE_FUNCTION T seed_row_max(T zmax, T x_max) {
 template <class T>
 KOKKOS_INLINE_FUNCTION bool seed_max_is_marked(T m) {
   return m == -neg_inf<T>();
+}
+
+/// How far a row of probability targets may sum from 1, by their storage type S: 1e-4 for float and double,
+/// 1e-2 for bfloat16 (8 significant bits), 2e-3 for float16. A row with a negative entry has q = -inf.
+template <class S>
+constexpr double probability_tolerance() {
+  if constexpr (std::is_same_v<S, bfloat16>) {
+    return 1e-2;
+  } else if constexpr (std::is_same_v<S, float16>) {
+    return 2e-3;
+  } else {
+    return 1e-4;
+  }
 }
 
 enum class RowVerdict { ok, non_finite, all_neg_inf };
