@@ -82,7 +82,11 @@ void Workspace<T, MemSpace>::reserve(std::int64_t n, std::int64_t head_rows, std
 template <class Scalar, class ExecSpace>
 CrossEntropyCore<Scalar, ExecSpace>::CrossEntropyCore(const Communicator& comm_, const VocabPartition& partition,
                                                       const Options& options, const ExecSpace& exec_)
-    : comm(comm_), part(partition), opt(options), exec(exec_), reduction(RecordLayout{options.probability_targets, wants_entropy(options)}) {
+    : comm(comm_),
+      part(partition),
+      opt(options),
+      exec(exec_),
+      reduction(RecordLayout{options.probability_targets, wants_entropy(options)}) {
   ws.layout = reduction.layout();
   std::string err = check_options(opt);
   if (part.num_ranks() != comm.size()) {
@@ -351,8 +355,8 @@ void CrossEntropyCore<Scalar, ExecSpace>::set_class_weights(const Kokkos::View<c
   VPCE_MPI_CHECK(MPI_Allgatherv(mine.data(), static_cast<int>(v_local), mpi_datatype<T>(), all.data(), counts.data(),
                                 displs.data(), mpi_datatype<T>(), comm.comm()));
   for (std::int64_t j = 0; j < part.vocab_size(); ++j) weight_sum += double(all(j));  // in order: the same everywhere
-  weights = Kokkos::View<T*, memory_space>(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("vpce::class_weights")),
-                                           part.vocab_size());
+  weights = Kokkos::View<T*, memory_space>(
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string("vpce::class_weights")), part.vocab_size());
   Kokkos::deep_copy(exec, weights, all);
   exec.fence();
   weights_host = Kokkos::create_mirror_view(weights);

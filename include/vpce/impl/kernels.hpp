@@ -206,8 +206,9 @@ struct HostInner {
   /// (the exps might overflow) the chunk is done again in two passes (its max, then its exps, from L1).
   /// z(j): the raw logit of column j in T; x(z): the transform (increasing, so the max of x is x of the max
   /// of z); with `sum_x`, also the sum of x (of w_j x_j with `weights`, a row of n: class weights), in the
-  /// chunk's own pass from L1; with `entropy`, also h = sum exp(x - m) (x - m), in the exps' pass. With `exps` (a row of n), stores e_j = exp(x_j - m_c) there, m_c being the running max when chunk
-  /// c was stored, given to chunk_max(c, m_c): Finalize then only rescales, one exp per element.
+  /// chunk's own pass from L1; with `entropy`, also h = sum exp(x - m) (x - m), in the exps' pass. With
+  /// `exps` (a row of n), stores e_j = exp(x_j - m_c) there, m_c being the running max when chunk c was
+  /// stored, given to chunk_max(c, m_c): Finalize then only rescales, one exp per element.
   template <class T, class Z, class X, class ChunkMax>
   KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online_stats(std::int64_t n, const Z& z, const X& x, bool sum_x,
                                                           const T* weights, bool entropy, T* exps,
@@ -791,12 +792,14 @@ struct StoredExps {
 };
 
 /// After the collective: loss and lse per row (LossOut), and by `What` the stash or the gradient.
-/// The gradient row is (p_j (1 + 2 zeta lse + beta (mu - x_j)) - alpha/V - (1 - alpha)[j == target]) *
-/// dx_j/dz_j * g_i (zero for an ignored row), mu = sum_j p_j x_j; the loss adds beta H, the entropy
-/// H = lse - mu = log(s) - h / s from the record. The stash holds the same with g = 1 and without the target term, whose
-/// coefficient (1 - alpha) dx_c/dz_c goes to `stash_target`; backward() then needs only the stash.
+/// The gradient row is (p_j (C + 2 zeta lse + beta (mu - x_j)) - c_j) * dx_j/dz_j * g_i (zero for an ignored
+/// row), with c the target distribution (docs/design.md, section 1: (1 - alpha) onehot + alpha / V, times
+/// the class weights; with probability targets (1 - alpha) q + alpha / V) and C = sum_j c_j (1 without
+/// weights), mu = sum_j p_j x_j; the loss adds beta H, the entropy H = lse - mu = log(s) - h / s from the
+/// record. The stash holds the same with g = 1 and without the target term, whose coefficient
+/// (1 - alpha) w_t dx_c/dz_c goes to `stash_target`; backward() then needs only the stash.
 /// Source::logits: p computed from the logits (y may be the logits' own buffer). Source::stored_exp: from
-/// the exps the statistics stored (no softcap, no entropy weight), rescaled by exp(m_c - lse).
+/// the exps the statistics stored (no softcap, no probability targets), rescaled by exp(m_c - lse).
 template <class S, class T, class G, class MemSpace, Write What, Source From, bool Capped>
 class Finalize {
   static_assert(std::is_same_v<T, compute_type_t<S>>, "T is the compute type of S");

@@ -84,8 +84,11 @@ struct Records {
     }
     return r;
   }
-  /// The same records, read-only.
-  operator Records<const T, MemSpace>() const { return {data, layout}; }  // NOLINT(google-explicit-constructor)
+  /// The same records, read-only (not for records that already are: nvcc warns of a conversion to itself).
+  template <class U = T, class = std::enable_if_t<!std::is_const_v<U>>>
+  operator Records<const U, MemSpace>() const {  // NOLINT(google-explicit-constructor)
+    return {data, layout};
+  }
   KOKKOS_INLINE_FUNCTION void store(std::int64_t i, const RowStats<T>& r) const {
     T* p = data.data() + i * layout.width();
     p[0] = r.m;
