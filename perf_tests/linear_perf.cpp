@@ -10,6 +10,10 @@
 //   core_lg       vpce::CrossEntropy::loss_and_grad on the full N x V_r logits (gradient to its own buffer)
 //   materialised  KokkosBlas::gemm of the full logits + core_lg + the two gradient gemms + the all-reduce
 //   fused         vpce::LinearCrossEntropy::loss_and_grad (chunks; never N x V_r)
+//   fused_bias    the same with a bias (V_r) and its gradient (one gemv per chunk)
+//   fused_bf16    the same on bfloat16 hidden and weight (converted to float chunk by chunk; float gradients)
+//   fused_sp      the same with sequence-parallel input (each rank N / ranks rows of hidden, all-gathered per
+//                 chunk; grad_hidden reduce-scattered per chunk)
 // and for the fused path: the bytes Kokkos allocated during its first call (peak over the call minus what
 // was live before it, from Kokkos Tools allocation callbacks) against the N x V_r logits it avoids, and the
 // time in its gemm regions ("vpce::linear::gemm*", median over reps of the slowest rank) as GFLOP/s against
@@ -124,6 +128,40 @@ int main(int argc, char** argv) {
     const double fused = fused_t.median_ms, fused_gemm = fused_t.region_ms;
     const double fused_loss = lce.reduced_loss();
 
+    // The options of the fused head, each against the plain call (fused).
+    double fused_bias = 0, fused_bf16 = 0, fused_sp = 0;
+    {
+      Kokkos::View<float*, Mem> bias("bias", vr), grad_b("grad_bias", vr);
+      Kokkos::deep_copy(bias, 0.01f);
+      fused_bias = median_ms(
+          comm, reps, [&] { lce.loss_and_grad(hidden, weight, bias, targets, loss, grad_h, grad_w, grad_b); });
+    }
+    {
+      using B = vpce::bfloat16;
+      Kokkos::View<B**, Kokkos::LayoutRight, Mem> hb("hidden_bf16", n, h), wb("weight_bf16", vr, h);
+      Kokkos::parallel_for(
+          "to_bf16", Kokkos::RangePolicy<Exec>(0, n), KOKKOS_LAMBDA(std::int64_t i) {
+            for (std::int64_t k = 0; k < h; ++k) hb(i, k) = B(hidden(i, k));
+          });
+      Kokkos::parallel_for(
+          "to_bf16", Kokkos::RangePolicy<Exec>(0, vr), KOKKOS_LAMBDA(std::int64_t j) {
+            for (std::int64_t k = 0; k < h; ++k) wb(j, k) = B(weight(j, k));
+          });
+      vpce::LinearCrossEntropy<B, Exec> lce_bf16(comm, part, h);
+      fused_bf16 = median_ms(comm, reps, [&] { lce_bf16.loss_and_grad(hb, wb, targets, loss, grad_h, grad_w); });
+    }
+    {
+      // Rank r holds rows [r n / W, (r + 1) n / W) of hidden.
+      const std::int64_t r0 = n * comm.rank() / comm.size(), r1 = n * (comm.rank() + 1) / comm.size();
+      const auto mine = std::make_pair(r0, r1);
+      Matrix hs("hidden_slice", r1 - r0, h), gs("grad_hidden_slice", r1 - r0, h);
+      Kokkos::deep_copy(hs, Kokkos::subview(hidden, mine, Kokkos::ALL));
+      vpce::LinearOptions sp;
+      sp.sequence_parallel = true;
+      vpce::LinearCrossEntropy<float, Exec> lce_sp(comm, part, h, {}, sp);
+      fused_sp = median_ms(comm, reps, [&] { lce_sp.loss_and_grad(hs, weight, targets, loss, gs, grad_w); });
+    }
+
     // The materialised path and its pieces.
     Matrix logits("logits", n, vr);
     const int in = int(n), ih = int(h), iv = int(vr);
@@ -178,6 +216,9 @@ int main(int argc, char** argv) {
     js.add("gemm_rate_over_blas", blas / fused_gemm).add("blas_gflops", gflops(blas));
     js.add("fused_gemm_gflops", gflops(fused_gemm)).add("fused_loss_sum", fused_loss);
     js.add("materialised_loss_sum", materialised_loss);
+    js.add("fused_bias_ms", fused_bias).add("fused_bf16_ms", fused_bf16).add("fused_sp_ms", fused_sp);
+    js.add("bias_over_fused", fused_bias / fused).add("bf16_over_fused", fused_bf16 / fused);
+    js.add("sp_over_fused", fused_sp / fused);
     if (comm.rank() == 0) {
       std::printf("vpce_linear_perf: N %lld H %lld V %lld over %d ranks (V_r %lld), %d threads/rank, chunk %lld rows\n",
                   (long long)n, (long long)h, (long long)v, comm.size(), (long long)vr, Exec().concurrency(),
@@ -187,6 +228,9 @@ int main(int argc, char** argv) {
       std::printf("  materialised              %10.1f ms\n", materialised);
       std::printf("  fused                     %10.1f ms  (gemms %.1f ms, %6.1f GFLOP/s)\n", fused, fused_gemm,
                   gflops(fused_gemm));
+      std::printf("  fused, with a bias        %10.1f ms  (%.3f x fused)\n", fused_bias, fused_bias / fused);
+      std::printf("  fused, bfloat16 inputs    %10.1f ms  (%.3f x fused)\n", fused_bf16, fused_bf16 / fused);
+      std::printf("  fused, sequence-parallel  %10.1f ms  (%.3f x fused)\n", fused_sp, fused_sp / fused);
       std::printf("  fused / (blas + core)     %10.3f   (target <= 1.15)\n", fused / (blas + core_lg));
       std::printf("  fused gemm rate / blas    %10.3f   (target >= 0.80)\n", blas / fused_gemm);
       std::printf("  extra memory              %10.1f MiB = %.3f of the %.1f MiB logits (target <= 0.10)\n",

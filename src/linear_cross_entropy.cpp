@@ -3,3 +3,5 @@
 
 template class vpce::LinearCrossEntropy<float, Kokkos::DefaultExecutionSpace>;
 template class vpce::LinearCrossEntropy<double, Kokkos::DefaultExecutionSpace>;
+template class vpce::LinearCrossEntropy<vpce::bfloat16, Kokkos::DefaultExecutionSpace>;
+template class vpce::LinearCrossEntropy<vpce::float16, Kokkos::DefaultExecutionSpace>;

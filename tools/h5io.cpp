@@ -362,7 +362,7 @@ void H5File::read_all(const std::string& name, std::int64_t n, T* buf) const {
 }
 
 template <class T>
-void H5File::read_range(const std::string& name, std::int64_t begin, std::int64_t count, T* buf) const {
+void H5File::transfer_range(bool write, const std::string& name, std::int64_t begin, std::int64_t count, T* buf) const {
   std::string err;
   H5Handle dset(H5Dopen2(m_file.get(), name.c_str(), H5P_DEFAULT), H5Dclose);
   if (!dset.valid()) err = with_detail(m_display + ": cannot open dataset " + name);
@@ -378,12 +378,24 @@ void H5File::read_range(const std::string& name, std::int64_t begin, std::int64_
     rc = H5Sselect_none(fspace.get());
     if (rc >= 0) rc = H5Sselect_none(mspace.get());
   }
+  T* const ptr = count > 0 ? buf : &dummy;
   if (rc >= 0)
-    rc = H5Dread(dset.get(), native_type<T>(), mspace.get(), fspace.get(), m_dxpl.get(), count > 0 ? buf : &dummy);
+    rc = write ? H5Dwrite(dset.get(), native_type<T>(), mspace.get(), fspace.get(), m_dxpl.get(), ptr)
+               : H5Dread(dset.get(), native_type<T>(), mspace.get(), fspace.get(), m_dxpl.get(), ptr);
   if (rc < 0)
-    err = with_detail(m_display + ": cannot read entries " + std::to_string(begin) + ".." +
-                      std::to_string(begin + count) + " of dataset " + name);
+    err = with_detail(m_display + ": cannot " + (write ? "write" : "read") + " entries " + std::to_string(begin) +
+                      ".." + std::to_string(begin + count) + " of dataset " + name);
   agree(m_comm, err);
+}
+
+template <class T>
+void H5File::read_range(const std::string& name, std::int64_t begin, std::int64_t count, T* buf) const {
+  transfer_range<T>(false, name, begin, count, buf);
+}
+
+template <class T>
+void H5File::write_range(const std::string& name, std::int64_t begin, std::int64_t count, const T* buf) {
+  transfer_range<T>(true, name, begin, count, const_cast<T*>(buf));
 }
 
 template <class T>
@@ -547,6 +559,11 @@ template void H5File::read_all<float>(const std::string&, std::int64_t, float*) 
 template void H5File::read_all<double>(const std::string&, std::int64_t, double*) const;
 template void H5File::read_range<float>(const std::string&, std::int64_t, std::int64_t, float*) const;
 template void H5File::read_range<double>(const std::string&, std::int64_t, std::int64_t, double*) const;
+template void H5File::read_range<std::uint16_t>(const std::string&, std::int64_t, std::int64_t, std::uint16_t*) const;
+template void H5File::write_range<float>(const std::string&, std::int64_t, std::int64_t, const float*);
+template void H5File::write_range<double>(const std::string&, std::int64_t, std::int64_t, const double*);
+template void H5File::read_rows<std::uint16_t>(const std::string&, std::int64_t, std::int64_t, std::int64_t,
+                                               std::int64_t, std::uint16_t*) const;
 template void H5File::create_dataset<float>(const std::string&, const std::vector<std::int64_t>&);
 template void H5File::create_dataset<double>(const std::string&, const std::vector<std::int64_t>&);
 template void H5File::create_dataset<std::uint16_t>(const std::string&, const std::vector<std::int64_t>&);

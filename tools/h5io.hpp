@@ -105,7 +105,7 @@ class H5File {
                     std::int64_t max_col_count, T* buf) const;
   /// Reads rows [row_begin, row_begin + row_count) of the 2-D dataset `name` (all its `n_cols` columns) into
   /// `buf` (row-major); `max_row_count` is the largest row_count over the ranks (it sets the number of collective
-  /// transfers). A rank may have 0 rows. T: float or double.
+  /// transfers). A rank may have 0 rows. T: float, double or std::uint16_t.
   template <class T>
   void read_rows(const std::string& name, std::int64_t row_begin, std::int64_t row_count,
                  std::int64_t max_row_count, std::int64_t n_cols, T* buf) const;
@@ -113,9 +113,12 @@ class H5File {
   template <class T>
   void read_all(const std::string& name, std::int64_t n, T* buf) const;
   /// Reads entries [begin, begin + count) of the 1-D dataset `name` into `buf`, each rank its own range (count
-  /// may be 0), in one collective transfer. T: float or double.
+  /// may be 0), in one collective transfer. T: float, double or std::uint16_t.
   template <class T>
   void read_range(const std::string& name, std::int64_t begin, std::int64_t count, T* buf) const;
+  /// Writes entries [begin, begin + count) of the 1-D dataset `name` from `buf`; as read_range.
+  template <class T>
+  void write_range(const std::string& name, std::int64_t begin, std::int64_t count, const T* buf);
 
   /// Creates a dataset of T (float/double/std::uint16_t, little-endian in the file) with the given shape
   /// (contiguous, no fill).
@@ -163,6 +166,9 @@ class H5File {
   /// rank, R the rows of max_col_count columns that fit in io_block_bytes(); a rank with nothing left selects none.
   template <class T>
   void transfer_block(bool write, const std::string& name, const Block& block, T* buf) const;
+  /// read_range / write_range: entries [begin, begin + count) of a 1-D dataset, in one collective transfer.
+  template <class T>
+  void transfer_range(bool write, const std::string& name, std::int64_t begin, std::int64_t count, T* buf) const;
   [[noreturn]] void fail(const std::string& what) const;
 
   Communicator m_comm;

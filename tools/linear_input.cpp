@@ -14,17 +14,21 @@ namespace vpce::tool {
 const char* const linear_help =
     "Usage: mpirun -n W vpce linear --input IN.h5 --output OUT.h5 [--grad] [OPTIONS]\n"
     "\n"
-    "The LM head fused with the loss (vpce::LinearCrossEntropy): logits = hidden x weight^T, never held whole,\n"
-    "computed chunk by chunk of rows, each rank for its own rows of the weight (its slice of the vocabulary).\n"
-    "Needs vpce built with Kokkos Kernels. Reads from IN.h5 with parallel HDF5:\n"
-    "  /hidden       N x H, float32 or float64: the tokens' last hidden states (every rank reads all of it)\n"
+    "The LM head fused with the loss (vpce::LinearCrossEntropy): logits = hidden x weight^T + bias, never held\n"
+    "whole, computed chunk by chunk of rows, each rank for its own rows of the weight (its slice of the\n"
+    "vocabulary). Needs vpce built with Kokkos Kernels. Reads from IN.h5 with parallel HDF5:\n"
+    "  /hidden       N x H, float32, float64, or 16-bit: uint16 bits with a string attribute dtype = \"bfloat16\"\n"
+    "                or \"float16\" (multiplied in float32): the tokens' last hidden states (every rank reads all\n"
+    "                of it, or with --sequence-parallel an even share of its rows)\n"
     "  /weight       V x H, the same type: the output embedding (each rank reads only its own rows)\n"
+    "  /bias         optional, V, the same type: the output bias (each rank reads only its own entries)\n"
     "  /targets      N, int64 (other integer types are converted): ids in [0, V) or the --ignore-index\n"
-    "Writes OUT.h5 (in /hidden's type):\n"
+    "Writes OUT.h5 (in /hidden's type; float32 for 16-bit inputs):\n"
     "  /loss         --reduction none: N per-token losses (0 for ignored tokens); sum or mean: 1 value\n"
     "  /grad_hidden  with --grad, N x H: gradient of the sum of the per-token losses (none), or of the reduced\n"
     "                loss (sum, mean), with respect to /hidden\n"
     "  /grad_weight  with --grad, V x H: the same with respect to /weight (each rank writes its own rows)\n"
+    "  /grad_bias    with --grad and /bias, V: the same with respect to /bias\n"
     "The loss of each token is `vpce loss`'s on the logits hidden x weight^T (see 'vpce loss --help' for the\n"
     "formula and the options). OUT.h5 is written under a temporary name in the same folder and renamed when\n"
     "complete; on an error it is not created (an existing one is left as it was).\n"
@@ -35,6 +39,9 @@ const char* const linear_help =
     "  --grad                also write /grad_hidden and /grad_weight\n"
     "  --chunk-rows R        rows of logits computed at a time (R >= 0); 0 or absent: the library's default, the\n"
     "                        most rows whose logits (rows x the widest slice over the ranks) fit in 64 MiB\n"
+    "  --sequence-parallel   each rank holds only an even share of the tokens' hidden states (the first N % W\n"
+    "                        ranks one row more), all-gathered chunk by chunk (Megatron's sequence parallelism);\n"
+    "                        the output is the same\n"
     "  --reduction R         none (default) | sum | mean (over the tokens not ignored)\n"
     "  --ignore-index I      default -100: tokens whose target is I get loss 0 and no gradient\n"
     "  --label-smoothing A   A in [0, 1], default 0\n"
@@ -50,6 +57,7 @@ const char* const linear_help =
 LinearConfig parse_linear_args(const std::vector<std::string>& argv, int nranks) {
   std::vector<Args::Spec> specs = loss_option_specs();
   specs.push_back({"chunk-rows", true});
+  specs.push_back({"sequence-parallel", false});
   Args args("linear", specs, argv);
   LinearConfig cfg;
   if (args.help()) {
@@ -58,6 +66,7 @@ LinearConfig parse_linear_args(const std::vector<std::string>& argv, int nranks)
   }
   parse_loss_options(args, nranks, &cfg);
   cfg.chunk_rows = args.get_int("chunk-rows", 0, 0, std::numeric_limits<std::int64_t>::max());
+  cfg.sequence_parallel = args.has("sequence-parallel");
   return cfg;
 }
 
@@ -71,31 +80,43 @@ LinearInput check_linear_input(const Communicator& comm, const H5File& in, const
   auto check = [&](bool bad, const std::string& what) {
     if (err.empty() && bad) err = file + ": " + what;
   };
+  LinearInput r;
   auto matrix = [&](const DatasetInfo& d, const std::string& name, const std::string& expected) {
     check(!d.exists, "no dataset " + name + " (expected " + expected + ")");
     check(d.exists && d.type_name == "not a dataset", name + " is not a dataset");
     check(d.dims.size() != 2, "dataset " + name + " " + shape_phrase(d) + "; expected 2 dimensions (" + expected + ")");
     check(huge(d), "dataset " + name + " has a dimension above 2^63");
-    check(d.kind != DatasetInfo::Kind::floating || (d.type_size != 4 && d.type_size != 8),
-          "dataset " + name + " has type " + d.type_name + "; expected float32 or float64");
   };
-  matrix(hi, "/hidden", "N x H float32 or float64 hidden states");
+  // /weight and /bias hold /hidden's type (16-bit: uint16 with the same dtype attribute).
+  auto same_type = [&](const DatasetInfo& d, const std::string& name) {
+    if (!err.empty()) return;
+    const DType t = stored_dtype(in, name, d, &err);
+    check(t != r.type, "dataset " + name + " holds " + to_string(t) + " but /hidden holds " + to_string(r.type) +
+                           "; they must have the same type");
+  };
+  matrix(hi, "/hidden", "N x H hidden states");
+  if (err.empty()) r.type = stored_dtype(in, "/hidden", hi, &err);
   matrix(wi, "/weight", "V x H weight rows, of /hidden's type");
-  if (err.empty() && hi.type_size != wi.type_size)
-    check(true, "dataset /weight has type " + wi.type_name + " but /hidden has type " + hi.type_name +
-                    "; they must have the same type");
+  same_type(wi, "/weight");
   if (err.empty() && hi.dims[1] != wi.dims[1])
     check(true, "dataset /weight has " + std::to_string(wi.dims[1]) + " columns but /hidden has " +
                     std::to_string(hi.dims[1]) + " (both must be the hidden size H)");
   check(err.empty() && hi.dims[1] == 0, "dataset /hidden has 0 columns; the hidden size must not be 0");
   check(err.empty() && wi.dims[0] == 0, "dataset /weight has 0 rows; the vocabulary must not be empty");
+  const DatasetInfo bi = in.info("/bias");
+  r.bias = bi.exists;
+  if (r.bias) {
+    check(bi.type_name == "not a dataset", "/bias is not a dataset");
+    check(err.empty() && (bi.dims.size() != 1 || bi.dims[0] != wi.dims[0]),
+          "dataset /bias " + shape_phrase(bi) + "; expected " + std::to_string(wi.dims[0]) +
+              " values (one per row of /weight)");
+    same_type(bi, "/bias");
+  }
   if (err.empty()) err = targets_metadata_error(file, ti, hi.dims[0], "/hidden");
   agree(comm, err);
-  LinearInput r;
   r.n = hi.dims[0];
   r.h = hi.dims[1];
   r.v = wi.dims[0];
-  r.type = hi.type_size == 8 ? DType::float64 : DType::float32;
   check_partition_sum(cfg, r.v, "linear", "rows", "/weight", file);
   return r;
 }

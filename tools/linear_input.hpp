@@ -17,9 +17,10 @@ namespace vpce::tool {
 
 extern const char* const linear_help;
 
-/// `vpce linear`'s options: `vpce loss`'s shared ones (LossOptions) and the rows per chunk.
+/// `vpce linear`'s options: `vpce loss`'s shared ones (LossOptions), the rows per chunk and the input's layout.
 struct LinearConfig : LossOptions {
-  std::int64_t chunk_rows = 0;  ///< 0: the library's default (LinearOptions)
+  std::int64_t chunk_rows = 0;     ///< 0: the library's default (LinearOptions)
+  bool sequence_parallel = false;  ///< each rank reads (and gets the gradient of) an even share of /hidden's rows
 };
 
 /// `vpce linear`'s options (argv without the command), for `nranks` ranks; UsageError on a bad command line. Not
@@ -31,10 +32,12 @@ struct LinearInput {
   std::int64_t n = 0;  ///< tokens (rows of /hidden)
   std::int64_t h = 0;  ///< hidden size (columns of /hidden and /weight)
   std::int64_t v = 0;  ///< vocabulary (rows of /weight)
-  DType type = DType::float32;  ///< of /hidden and /weight: float32 or float64
+  DType type = DType::float32;  ///< of /hidden, /weight and /bias
+  bool bias = false;            ///< the file has /bias (V values)
 };
 
-/// Checks /hidden (N x H), /weight (V x H, the same type) and /targets (N, integers) from the file's metadata and
+/// Checks /hidden (N x H), /weight (V x H, the same type), the optional /bias (V, the same type) and /targets (N,
+/// integers) from the file's metadata and
 /// the --partition against V; collective (errors agreed: vpce::Error, or UsageError for a --partition that does
 /// not add up to V, the same on every rank).
 LinearInput check_linear_input(const Communicator& comm, const H5File& in, const LinearConfig& cfg);

@@ -118,39 +118,34 @@ bool huge(const DatasetInfo& info) {
   return false;
 }
 
-namespace {
-
-/// What /logits holds; `err` gets a message if it is not usable.
-DType logits_type(const H5File& in, const DatasetInfo& li, std::string* err) {
+DType stored_dtype(const H5File& in, const std::string& name, const DatasetInfo& info, std::string* err) {
   const std::string& file = in.display_name();
   const std::string expected =
       "expected float32 or float64, or uint16 bits with a string attribute dtype = \"bfloat16\" or \"float16\"";
-  if (li.kind == DatasetInfo::Kind::floating && li.type_size == 4) return DType::float32;
-  if (li.kind == DatasetInfo::Kind::floating && li.type_size == 8) return DType::float64;
-  if (li.type_name != "uint16") {
-    *err = file + ": dataset /logits has type " + li.type_name + "; " + expected;
+  if (info.kind == DatasetInfo::Kind::floating && info.type_size == 4) return DType::float32;
+  if (info.kind == DatasetInfo::Kind::floating && info.type_size == 8) return DType::float64;
+  if (info.type_name != "uint16") {
+    *err = file + ": dataset " + name + " has type " + info.type_name + "; " + expected;
     return DType::float32;
   }
-  const AttributeInfo a = in.attribute("/logits", "dtype");
+  const AttributeInfo a = in.attribute(name, "dtype");
   if (!a.exists) {
-    *err = file +
-           ": dataset /logits is uint16 but has no attribute dtype; expected dtype = \"bfloat16\" "
-           "or \"float16\" (16-bit logits), or float32 or float64 logits";
+    *err = file + ": dataset " + name +
+           " is uint16 but has no attribute dtype; expected dtype = \"bfloat16\" or \"float16\" (16-bit values), "
+           "or float32 or float64";
   } else if (!a.is_string) {
-    *err = file + ": dataset /logits (uint16): attribute dtype is " + a.type_name +
+    *err = file + ": dataset " + name + " (uint16): attribute dtype is " + a.type_name +
            ", not a string; expected \"bfloat16\" or \"float16\"";
   } else if (a.value == "bfloat16") {
     return DType::bfloat16;
   } else if (a.value == "float16") {
     return DType::float16;
   } else {
-    *err = file + ": dataset /logits (uint16): attribute dtype is \"" + a.value +
+    *err = file + ": dataset " + name + " (uint16): attribute dtype is \"" + a.value +
            "\"; expected \"bfloat16\" or \"float16\"";
   }
   return DType::float32;
 }
-
-}  // namespace
 
 std::vector<Args::Spec> loss_option_specs() {
   return {{"input", true},        {"output", true},          {"grad", false},   {"strategy", true},
@@ -250,7 +245,7 @@ LossInput check_loss_input(const Communicator& comm, const H5File& in, const Los
   check(li.dims.size() != 2, "dataset /logits " + shape_phrase(li) + "; expected 2 dimensions (tokens x vocabulary)");
   check(huge(li), "dataset /logits has a dimension above 2^63");
   LossInput r;
-  if (err.empty()) r.type = logits_type(in, li, &err);
+  if (err.empty()) r.type = stored_dtype(in, "/logits", li, &err);
   check(li.dims.size() == 2 && li.dims[1] == 0, "dataset /logits has 0 columns; the vocabulary must not be empty");
   // Target ids (/targets), or target probabilities (/target_probs: N x V, the logits' type), not both.
   const DatasetInfo pi = in.info("/target_probs");

@@ -76,6 +76,10 @@ std::string shape_phrase(const DatasetInfo& info);
 /// A dimension of the dataset is above 2^63 (it reads back negative).
 bool huge(const DatasetInfo& info);
 
+/// The floating-point type the dataset `name` (metadata `info`) of `in` holds: float32, float64, or uint16 bits
+/// with a string attribute dtype = "bfloat16" or "float16". `err` gets a message if it is none of them.
+DType stored_dtype(const H5File& in, const std::string& name, const DatasetInfo& info, std::string* err);
+
 /// The first problem (empty if none) of the dataset /targets `ti` of `file`: missing, not a dataset, not 1-D, not
 /// integers, or (when rows >= 0) not `rows` entries, the rows of `rows_of` (e.g. "/logits").
 std::string targets_metadata_error(const std::string& file, const DatasetInfo& ti, std::int64_t rows,

@@ -29,16 +29,17 @@ inline double hash_value(std::int64_t a, std::int64_t b, std::uint64_t seed) {
   return double(x >> 11) / double(1ull << 52) - 1.0;
 }
 
-/// A problem: hidden (N x H) the same on every rank, the global weight (V x H), targets.
+/// A problem: hidden (N x H) the same on every rank, the global weight (V x H), targets; bias (V) or empty.
 struct LinearProblem {
   std::int64_t n, h, v;
   std::vector<double> hidden, weight;
   std::vector<std::int64_t> targets;
+  std::vector<double> bias;
 };
 
 LinearProblem make_linear(std::int64_t n, std::int64_t h, std::int64_t v, std::uint64_t seed,
                           std::int64_t ignore_every = 0, std::int64_t ignore_index = -100) {
-  LinearProblem p{n, h, v, std::vector<double>(n * h), std::vector<double>(v * h), std::vector<std::int64_t>(n)};
+  LinearProblem p{n, h, v, std::vector<double>(n * h), std::vector<double>(v * h), std::vector<std::int64_t>(n), {}};
   for (std::int64_t i = 0; i < n; ++i)
     for (std::int64_t k = 0; k < h; ++k) p.hidden[i * h + k] = 2 * hash_value(i, k, seed);
   for (std::int64_t j = 0; j < v; ++j)
@@ -101,7 +102,7 @@ double worst(const std::vector<double>& a, const std::vector<double>& b, double 
 /// loss_and_grad (double) on them, then grad_W = dlogits^T hidden and grad_hidden = sum over ranks of
 /// dlogits W_r.
 struct Reference {
-  std::vector<double> loss, lse, grad_hidden, grad_weight;
+  std::vector<double> loss, lse, grad_hidden, grad_weight, grad_bias;
   double reduced = 0;
   std::int64_t n_valid = 0;
 };
@@ -115,7 +116,7 @@ Reference materialised(const vpce::Communicator& comm, const vpce::VocabPartitio
     for (std::int64_t j = 0; j < w; ++j) {
       double s = 0;
       for (std::int64_t k = 0; k < h; ++k) s += p.hidden[i * h + k] * p.weight[(b + j) * h + k];
-      lh(i, j) = s;
+      lh(i, j) = s + (p.bias.empty() ? 0.0 : p.bias[b + j]);
     }
   Kokkos::deep_copy(logits, lh);
   Kokkos::View<std::int64_t*, Mem> y("y", n);
@@ -133,12 +134,15 @@ Reference materialised(const vpce::Communicator& comm, const vpce::VocabPartitio
   const auto d = host_values(logits);
   r.grad_weight.assign(w * h, 0.0);
   r.grad_hidden.assign(n * h, 0.0);
+  r.grad_bias.assign(w, 0.0);
   for (std::int64_t i = 0; i < n; ++i)
-    for (std::int64_t j = 0; j < w; ++j)
+    for (std::int64_t j = 0; j < w; ++j) {
+      r.grad_bias[j] += d[i * w + j];
       for (std::int64_t k = 0; k < h; ++k) {
         r.grad_weight[j * h + k] += d[i * w + j] * p.hidden[i * h + k];
         r.grad_hidden[i * h + k] += d[i * w + j] * p.weight[(b + j) * h + k];
       }
+    }
   MPI_Allreduce(MPI_IN_PLACE, r.grad_hidden.data(), int(n * h), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
   return r;
 }
@@ -396,6 +400,159 @@ TEST(LinearErrors, BadInputsThrowOnEveryRank) {
   two.chunk_rows = 2;  // row 2 is the first row of the second chunk: the message says where rows count from
   LCE chunked(comm, part, h, {}, two);
   expect_error_on_all_ranks([&] { chunked.forward(nan_hidden, weight, y, loss); }, "count from 2");
+}
+
+/// p with hidden, weight and bias rounded to T: what a caller holding T values passes.
+template <class T>
+LinearProblem rounded(LinearProblem p) {
+  using C = vpce::compute_type_t<T>;
+  for (auto* values : {&p.hidden, &p.weight, &p.bias})
+    for (double& x : *values) x = double(C(T(C(x))));
+  return p;
+}
+
+template <class T, class V = std::vector<double>>
+Kokkos::View<T*, Mem> device_vector(const V& src, std::int64_t first, std::int64_t count) {
+  Kokkos::View<T*, Mem> d("v", count);
+  auto hst = Kokkos::create_mirror_view(d);
+  for (std::int64_t i = 0; i < count; ++i) hst(i) = T(src[first + i]);
+  Kokkos::deep_copy(d, hst);
+  return d;
+}
+
+/// Sequence-parallel rows: rank 0 has none (when there are several ranks), the others uneven slices.
+std::vector<std::int64_t> token_slices(int size, std::int64_t n) {
+  std::vector<std::int64_t> begin(size + 1, 0);
+  for (int r = 1; r <= size; ++r) {
+    const std::int64_t count = size == 1 ? n : (r == 1 ? 0 : (r == size ? n - begin[r - 1] : n / (size - 1)));
+    begin[r] = begin[r - 1] + count;
+  }
+  return begin;
+}
+
+template <class T>
+class LinearAllTypes : public ::testing::Test {
+ protected:
+  vpce::Communicator comm{MPI_COMM_WORLD};
+};
+using LinearAllTypeList = ::testing::Types<float, double, vpce::bfloat16, vpce::float16>;
+TYPED_TEST_SUITE(LinearAllTypes, LinearAllTypeList);
+
+// A bias, 16-bit inputs (weight rows in one block or several), and sequence-parallel input, against the
+// materialised path in double on the same (rounded) values.
+TYPED_TEST(LinearAllTypes, BiasBlocksAndSequenceParallel) {
+  using T = TypeParam;
+  using C = vpce::compute_type_t<T>;
+  using LCE = vpce::LinearCrossEntropy<T, Exec>;
+  const double rtol = std::is_same_v<C, float> ? 2e-4 : 1e-11, atol = std::is_same_v<C, float> ? 2e-5 : 1e-13;
+  const std::int64_t n = 23, h = 5, v = 41;
+  const int rank = this->comm.rank();
+  const auto slices = token_slices(this->comm.size(), n);
+  std::vector<vpce::Options> options(3);
+  options[1].reduction = vpce::Reduction::mean;
+  options[1].ignore_index = -1;
+  options[1].label_smoothing = 0.1;
+  options[2].reduction = vpce::Reduction::sum;
+  options[2].z_loss = 1e-3;
+  options[2].softcap = 3;
+  for (const auto& part : partitions(this->comm, v))
+    for (const auto& opt : options) {
+      LinearProblem p = make_linear(n, h, v, 17, 4, opt.ignore_index);
+      p.bias.resize(v);
+      for (std::int64_t j = 0; j < v; ++j) p.bias[j] = hash_value(j, 3, 99);
+      p = rounded<T>(p);
+      const double g = 1.25;
+      const Reference ref = materialised(this->comm, part, p, opt, g);
+      const std::int64_t vl = part.local_size();
+      const auto weight = device_matrix<T>(p.weight, part.begin(), vl, h);
+      const auto bias = device_vector<T>(p.bias, part.begin(), vl);
+      const auto y = device_vector<std::int64_t>(p.targets, 0, n);
+      for (bool sp : {false, true})
+        for (auto [chunk, bytes] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+                 {0, 64 << 20}, {4, std::int64_t(h * sizeof(C) * 3)}, {7, 1}}) {
+          vpce::LinearOptions lo;
+          lo.chunk_rows = chunk;
+          lo.chunk_bytes = bytes;
+          lo.sequence_parallel = sp;
+          LCE lce(this->comm, part, h, opt, lo);
+          const std::int64_t first = sp ? slices[rank] : 0, rows = sp ? slices[rank + 1] - slices[rank] : n;
+          const std::string what = std::string(sp ? "sequence-parallel" : "replicated") + " chunk " +
+                                   std::to_string(lce.chunk_rows()) + " weight block " +
+                                   std::to_string(lce.weight_block_rows()) + " slice " + std::to_string(vl) +
+                                   " reduction " + vpce::to_string(opt.reduction);
+          if (!vpce::is_16bit_v<T>) {
+            EXPECT_EQ(lce.weight_block_rows(), std::max<std::int64_t>(vl, 1)) << what;
+          }
+          const auto hidden = device_matrix<T>(p.hidden, first, rows, h);
+          const std::vector<double> ref_gh(ref.grad_hidden.begin() + first * h,
+                                           ref.grad_hidden.begin() + (first + rows) * h);
+          Kokkos::View<C*, Mem> loss("loss", n), gb("gb", vl);
+          Kokkos::deep_copy(gb, std::numeric_limits<C>::quiet_NaN());
+          auto gh = poisoned_matrix<C>(rows, h);
+          auto gw = poisoned_matrix<C>(vl, h);
+          lce.loss_and_grad(hidden, weight, bias, y, loss, gh, gw, gb, C(g));
+          EXPECT_LE(worst(host_vector(loss), ref.loss, rtol, atol), 1.0) << what;
+          EXPECT_LE(worst(host_vector(lce.lse()), ref.lse, rtol, atol), 1.0) << what;
+          EXPECT_LE(worst(host_values(gh), ref_gh, rtol, atol), 1.0) << what;
+          EXPECT_LE(worst(host_values(gw), ref.grad_weight, rtol, atol), 1.0) << what;
+          EXPECT_LE(worst(host_vector(gb), ref.grad_bias, rtol, atol), 1.0) << what;
+          EXPECT_LE(worst({lce.reduced_loss()}, {ref.reduced}, rtol, atol), 1.0) << what;
+
+          // forward() then backward(scalar) with accumulate_weight: grad_weight and grad_bias add up.
+          lce.forward(hidden, weight, bias, y, loss);
+          EXPECT_LE(worst(host_vector(loss), ref.loss, rtol, atol), 1.0) << what << " (forward)";
+          lce.backward(C(g), gh, gw, gb, /*accumulate_weight=*/true);
+          std::vector<double> twice_w = ref.grad_weight, twice_b = ref.grad_bias;
+          for (auto* x : {&twice_w, &twice_b})
+            for (double& e : *x) e *= 2;
+          EXPECT_LE(worst(host_values(gh), ref_gh, rtol, atol), 1.0) << what << " (backward)";
+          EXPECT_LE(worst(host_values(gw), twice_w, rtol, atol), 1.0) << what << " (accumulate)";
+          EXPECT_LE(worst(host_vector(gb), twice_b, rtol, atol), 1.0) << what << " (accumulate)";
+        }
+    }
+}
+
+TEST(LinearErrors, BiasAndSequenceParallel) {
+  vpce::Communicator comm(MPI_COMM_WORLD);
+  const int rank = comm.rank();
+  const std::int64_t n = 6, h = 4, v = 11;
+  const auto part = vpce::VocabPartition::even(v, comm);
+  const std::int64_t vl = part.local_size();
+  LinearProblem p = make_linear(n, h, v, 9);
+  using LCE = vpce::LinearCrossEntropy<float, Exec>;
+  const auto hidden = device_matrix<float>(p.hidden, 0, n, h);
+  const auto weight = device_matrix<float>(p.weight, part.begin(), vl, h);
+  const auto y = device_vector<std::int64_t>(p.targets, 0, n);
+  const auto bias = device_vector<float>(std::vector<double>(v, 0.5), 0, vl);
+  Kokkos::View<float*, Mem> loss("loss", n), gb("gb", vl);
+  auto gh = poisoned_matrix<float>(n, h);
+  auto gw = poisoned_matrix<float>(vl, h);
+
+  vpce::Options probs;
+  probs.probability_targets = true;
+  expect_error_on_all_ranks([&] { LCE bad(comm, part, h, probs); }, "probability_targets");
+  LCE lce(comm, part, h);
+  const auto long_bias = device_vector<float>(std::vector<double>(v + 1, 0.5), 0, vl + (rank == 0 ? 1 : 0));
+  expect_error_on_all_ranks([&] { lce.forward(hidden, weight, long_bias, y, loss); }, "bias has", false);
+  if (vl > 0 || comm.size() == 1) {
+    expect_error_on_all_ranks([&] { lce.loss_and_grad(hidden, weight, bias, y, loss, gh, gw, {}); }, "grad_bias",
+                              false);
+    expect_error_on_all_ranks([&] { lce.loss_and_grad(hidden, weight, {}, y, loss, gh, gw, gb); }, "no bias", false);
+  }
+  if (comm.size() > 1) {
+    vpce::LinearOptions lo;
+    lo.sequence_parallel = rank == 0;
+    expect_error_on_all_ranks([&] { LCE bad(comm, part, h, {}, lo); }, "sequence_parallel");
+  }
+  // Sequence-parallel: targets and loss have all N rows (the sum of every rank's hidden rows).
+  vpce::LinearOptions sp;
+  sp.sequence_parallel = true;
+  LCE lce_sp(comm, part, h, {}, sp);
+  if (comm.size() > 1)
+    expect_error_on_all_ranks([&] { lce_sp.forward(hidden, weight, y, loss); }, "targets has", false);
+  const auto one_row = device_matrix<float>(p.hidden, rank == 0 ? 0 : 0, rank == 0 ? n - comm.size() + 1 : 1, h);
+  lce_sp.forward(one_row, weight, y, loss);  // n rows in all: no error
+  EXPECT_EQ(lce_sp.num_valid(), n);
 }
 
 }  // namespace

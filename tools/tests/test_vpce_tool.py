@@ -1125,28 +1125,43 @@ def suite_linear(r):
     empty_part = {1: None, 2: "0,23", 3: "10,0,13"}[r.np]
     uneven = {1: None, 2: "20,3", 3: "0,23,0"}[r.np]
 
-    def run_case(name, o, dtype="float32", chunk=None, part=None, grad=True, strategy=None, t=None, nn=n):
-        hidden = rng.normal(0.0, 1.0, size=(nn, hsz)).astype(dtype)
-        weight = rng.normal(0.0, 1.0, size=(v, hsz)).astype(dtype)
+    def run_case(name, o, dtype="float32", chunk=None, part=None, grad=True, strategy=None, t=None, nn=n, bias=False,
+                 sp=False):
+        # 16-bit inputs: uint16 bits with a dtype attribute; the reference uses the values the bits hold.
+        half = dtype in ("bfloat16", "float16")
+        stored = {}
+        values = {}
+        for key, shape in (("hidden", (nn, hsz)), ("weight", (v, hsz))) + ((("bias", (v,)),) if bias else ()):
+            x = rng.normal(0.0, 1.0, size=shape)
+            if half:
+                stored[key], values[key] = to_16bit(x, dtype)
+            else:
+                stored[key] = x.astype(dtype)
+                values[key] = stored[key].astype(np.float64)
         if t is None:
             t = rng.integers(0, v, size=nn).astype(np.int64)
         inp = os.path.join(w, "in_%s.h5" % name)
         out = os.path.join(w, "out_%s.h5" % name)
-        write_linear_input(inp, hidden, weight, t)
+        write_linear_input(inp, targets=t, **stored)
+        if half:
+            with h5py.File(inp, "a") as f:
+                for key in stored:
+                    f[key].attrs["dtype"] = dtype
         if os.path.exists(out):
             os.remove(out)
         args = (["linear", "--input", inp, "--output", out, "--quiet"] + o.args() + (["--grad"] if grad else []) +
-                (["--chunk-rows", str(chunk)] if chunk is not None else []) +
+                (["--chunk-rows", str(chunk)] if chunk is not None else []) + (["--sequence-parallel"] if sp else []) +
                 (["--partition", part] if part else []) + (["--strategy", strategy] if strategy else []))
         res = r.run(args)
         if res.statuses != [0] * r.np or res.vpce_lines():
             raise Failure("%s: expected success\n%s" % (name, res.describe()))
         if leftovers(w, out):
             raise Failure("%s: temporary files left" % name)
-        h64, w64 = hidden.astype(np.float64), weight.astype(np.float64)
-        z = h64 @ w64.T
+        out_dtype = "float32" if half else dtype
+        h64, w64 = values["hidden"], values["weight"]
+        z = h64 @ w64.T + (values["bias"] if bias else 0.0)
         want_loss, want_dz, want_lse, want_reduced, valid, g, _ = reference_options(z, t, o)
-        eps = np.finfo(np.dtype(dtype)).eps
+        eps = np.finfo(np.dtype(out_dtype)).eps
         # The logits themselves carry the gemm's rounding: a few ulps of |h| |w| (H terms).
         tol = eps * (4.0 * np.sqrt(v) + 16.0 + 8.0 * hsz)
         row_scale = (np.maximum(1.0, np.abs(want_lse)) * (1 + 2 * o.z * np.abs(want_lse)) * max(1.0, o.scale) *
@@ -1154,7 +1169,7 @@ def suite_linear(r):
         problems = []
         with h5py.File(out, "r") as f:
             loss = f["loss"][...].astype(np.float64)
-            if f["loss"].dtype != np.dtype(dtype):
+            if f["loss"].dtype != np.dtype(out_dtype):
                 problems.append("/loss is %s" % f["loss"].dtype)
             if o.reduction == "none":
                 err = np.max(np.abs(loss - want_loss) / row_scale, initial=0.0)
@@ -1165,18 +1180,24 @@ def suite_linear(r):
                 if loss.shape != (1,) or err > tol:
                     problems.append("/loss (%s) is %r, expected %r" % (o.reduction, loss, want_reduced))
             if grad:
-                for ds, want in (("grad_hidden", want_dz @ w64), ("grad_weight", want_dz.T @ h64)):
-                    got = f[ds][...].astype(np.float64)
+                wanted = [("grad_hidden", want_dz @ w64), ("grad_weight", want_dz.T @ h64)]
+                if bias:
+                    wanted.append(("grad_bias", want_dz.sum(axis=0)))
+                elif "grad_bias" in f:
+                    problems.append("/grad_bias written without /bias")
+                for ds, want in wanted:
+                    got = f[ds][...].astype(np.float64) if ds in f else None
                     scale = max(1.0, float(np.max(np.abs(want), initial=0.0))) * max(1.0, o.scale) * \
                         float(np.max(row_scale, initial=1.0)) * (g if g else 1.0) * max(1, nn)
-                    err = np.max(np.abs(got - want), initial=0.0) / scale
-                    if got.shape != want.shape or f[ds].dtype != np.dtype(dtype) or err > tol:
+                    err = np.max(np.abs(got - want), initial=0.0) / scale if got is not None else np.inf
+                    if got is None or got.shape != want.shape or f[ds].dtype != np.dtype(out_dtype) or err > tol:
                         problems.append("/%s differs by %.3g (tolerance %.2g)" % (ds, err, tol))
-            elif "grad_hidden" in f or "grad_weight" in f:
+            elif "grad_hidden" in f or "grad_weight" in f or "grad_bias" in f:
                 problems.append("gradients written without --grad")
             attrs = {k: (a.decode() if isinstance(a, bytes) else str(a)) for k, a in f.attrs.items()}
             for key, want in (("ranks", str(r.np)), ("num_valid", str(int(np.count_nonzero(valid)))),
-                              ("reduction", o.reduction), ("input", inp), ("hidden_dtype", dtype)):
+                              ("reduction", o.reduction), ("input", inp), ("hidden_dtype", dtype),
+                              ("bias", "/bias" if bias else "none"), ("sequence_parallel", "yes" if sp else "no")):
                 if attrs.get(key) != want:
                     problems.append("attribute %s = %r, expected %r" % (key, attrs.get(key), want))
             if chunk and attrs.get("chunk_rows") != str(chunk):
@@ -1200,6 +1221,13 @@ def suite_linear(r):
     run_case("forward_only", Opts(reduction="mean", z_loss=1e-2), chunk=100, grad=False)
     if r.np == 2:
         run_case("float64_chunk2", Opts(logit_scale=2.0), dtype="float64", chunk=2, part=uneven)
+    # A bias, 16-bit inputs, sequence-parallel input (each rank reads a share of /hidden's rows; the output is
+    # the same).
+    run_case("bias_mean", Opts(reduction="mean", label_smoothing=0.1), chunk=3, part=empty_part, t=t_ign, bias=True)
+    run_case("bfloat16_bias", Opts(z_loss=1e-3), dtype="bfloat16", chunk=4, part=uneven, bias=True)
+    run_case("sequence_parallel", Opts(softcap=4.0), chunk=2, part=uneven, sp=True, bias=True)
+    if r.np == 2:
+        run_case("float16_sp_sum", Opts(reduction="sum"), dtype="float16", sp=True, t=t_ign)
 
     # Bad inputs: the same non-zero status on every rank, one line, no output.
     hidden = rng.normal(size=(6, hsz)).astype(np.float32)
@@ -1232,7 +1260,12 @@ def suite_linear(r):
         ["dataset /hidden has type int32", "float32 or float64"], once=True)
     add("dtype_mismatch", lin + ["--input", bad("dtype_mismatch", hidden=hidden, weight=weight.astype(np.float64),
                                                 targets=t)],
-        ["dataset /weight has type float64 but /hidden has type float32"])
+        ["dataset /weight holds float64 but /hidden holds float32"])
+    add("bias_length", lin + ["--input", bad("bias_length", hidden=hidden, weight=weight, bias=np.zeros(v - 1, np.float32),
+                                             targets=t)],
+        ["dataset /bias has shape 22", "expected 23 values (one per row of /weight)"], once=True)
+    add("bias_dtype", lin + ["--input", bad("bias_dtype", hidden=hidden, weight=weight, bias=np.zeros(v), targets=t)],
+        ["dataset /bias holds float64 but /hidden holds float32"], once=True)
     add("hidden_size_mismatch", lin + ["--input", bad("h_mismatch", hidden=hidden, weight=weight[:, :4], targets=t)],
         ["dataset /weight has 4 columns but /hidden has 5"], existing=b"keep me")
     add("targets_count", lin + ["--input", bad("targets_count_l", hidden=hidden, weight=weight, targets=t[:5])],

@@ -134,4 +134,30 @@ void allreduce(const ExecSpace& exec, const Part& part, const StatsReduction<T>&
   start_allreduce(exec, part, op, comm).finish(exec);
 }
 
+/// In-place all-gather of a buffer's parts (MPI_Allgatherv in `type` units): `mine` is this rank's part,
+/// already in place in `all`; counts and displs say where each rank's part lies. One fence, MPI, the
+/// gathered part copied back (asynchronously on exec).
+template <class ExecSpace, class MinePart, class AllPart>
+void allgatherv_in_place(const ExecSpace& exec, const MinePart& mine, const AllPart& all, const std::vector<int>& counts,
+                         const std::vector<int>& displs, MPI_Datatype type, MPI_Comm comm) {
+  mine.to_mpi(exec);
+  fence(exec, "vpce::before_allgather");
+  VPCE_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, all.mpi.data(), counts.data(), displs.data(), type,
+                                comm));
+  all.from_mpi(exec);
+}
+
+/// Sums `send` (every rank's, the same length) over the ranks and leaves rank r its `counts[r]` values of
+/// the sum, in order, in `recv` (MPI_Reduce_scatter): one fence, MPI, recv copied back (asynchronously).
+template <class ExecSpace, class SendPart, class RecvPart>
+void reduce_scatter_sum(const ExecSpace& exec, const SendPart& send, const RecvPart& recv,
+                        const std::vector<int>& counts, MPI_Comm comm) {
+  using T = typename decltype(send.mpi)::non_const_value_type;
+  send.to_mpi(exec);
+  fence(exec, "vpce::before_reduce_scatter");
+  VPCE_MPI_CHECK(
+      MPI_Reduce_scatter(send.mpi.data(), recv.mpi.data(), counts.data(), mpi_datatype<T>(), MPI_SUM, comm));
+  recv.from_mpi(exec);
+}
+
 }  // namespace vpce::impl
