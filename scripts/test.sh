@@ -79,7 +79,9 @@ run_config() {  # name
     source "$VPCE_SRC/scripts/setup.sh"
     cd "$VPCE_BUILD"
     echo "[vpce test] $name: ctest in $VPCE_BUILD ${skip[*]}"
-    ctest --output-on-failure ${skip[@]+"${skip[@]}"} ${ctest_args[@]+"${ctest_args[@]}"}
+    # Two tests at a time on two cores (setup.sh's JOBS): CTest schedules by each test's PROCESSORS (its
+    # rank count), so 1-rank tests overlap and the others run alone.
+    ctest --output-on-failure -j "$JOBS" ${skip[@]+"${skip[@]}"} ${ctest_args[@]+"${ctest_args[@]}"}
     if [ "$VPCE_SANITIZE" = 1 ]; then
       # Belt and braces: a report that did not change a test's outcome still fails the configuration.
       log=Testing/Temporary/LastTest.log
