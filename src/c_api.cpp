@@ -135,6 +135,82 @@ struct Handle final : HandleBase {
   std::int64_t n_rows = 0;
 };
 
+/// The fused LM head's handle: a LinearCrossEntropy on the host execution space (with Kokkos Kernels).
+struct LinearBase {
+  virtual ~LinearBase() = default;
+  /// grad: also the gradients (loss_and_grad); else the loss only (forward).
+  virtual void run(std::int64_t rows, std::int64_t n, const void* hidden, const void* weight, const void* bias,
+                   const std::int64_t* targets, void* loss, bool grad, void* grad_hidden, void* grad_weight,
+                   void* grad_bias, const void* grad_loss, double scale, bool accumulate) = 0;
+  virtual void backward(const void* grad_loss, double scale, void* grad_hidden, void* grad_weight, void* grad_bias,
+                        bool accumulate) = 0;
+  virtual double reduced_loss() const = 0;
+};
+
+#if defined(VPCE_HAVE_KOKKOSKERNELS)
+template <class S>
+struct Linear final : LinearBase {
+  using LCE = vpce::LinearCrossEntropy<S, Host>;
+  using T = typename LCE::compute_type;
+  using HS = Kokkos::HostSpace;
+  template <class E>
+  using Mat = Kokkos::View<E**, Kokkos::LayoutRight, HS, Unmanaged>;
+  template <class E>
+  using Vec = Kokkos::View<E*, HS, Unmanaged>;
+  Linear(const vpce::Communicator& comm, std::int64_t local_vocab, std::int64_t hidden, const vpce::Options& opt,
+         const vpce::LinearOptions& lin)
+      : part(vpce::VocabPartition::from_local_size(local_vocab, comm)), lce(comm, part, hidden, opt, lin) {}
+
+  // NULL pointers become empty Views (the library's collective shape checks then fail on every rank alike);
+  // a NULL bias is no bias.
+  static std::size_t count(std::int64_t n, const void* p) { return p ? std::size_t(n < 0 ? 0 : n) : 0; }
+  template <class E, class P>
+  Mat<E> mat(std::int64_t rows, P* p) const {
+    return Mat<E>(static_cast<E*>(p), count(rows, p), p ? std::size_t(lce.hidden_size()) : 0);
+  }
+  template <class E, class P>
+  static Vec<E> vec(std::int64_t n, P* p) {
+    return Vec<E>(static_cast<E*>(p), count(n, p));
+  }
+
+  void run(std::int64_t rows, std::int64_t n, const void* hidden, const void* weight, const void* bias,
+           const std::int64_t* targets, void* loss, bool grad, void* grad_hidden, void* grad_weight, void* grad_bias,
+           const void* grad_loss, double scale, bool accumulate) override {
+    const std::int64_t v = part.local_size();
+    const auto h = mat<const S>(rows, hidden);
+    const auto w = mat<const S>(v, weight);
+    const auto b = vec<const S>(v, bias);
+    const auto t = vec<const std::int64_t>(n, targets);
+    const auto l = vec<T>(n, loss);
+    n_rows = rows;
+    if (!grad) return lce.forward(h, w, b, t, l);
+    const auto gh = mat<T>(rows, grad_hidden);
+    const auto gw = mat<T>(v, grad_weight);
+    const auto gb = vec<T>(v, grad_bias);
+    if (grad_loss != nullptr)
+      lce.loss_and_grad(h, w, b, t, l, gh, gw, gb, vec<const T>(n, grad_loss), accumulate);
+    else
+      lce.loss_and_grad(h, w, b, t, l, gh, gw, gb, T(scale), accumulate);
+  }
+  void backward(const void* grad_loss, double scale, void* grad_hidden, void* grad_weight, void* grad_bias,
+                bool accumulate) override {
+    const std::int64_t v = part.local_size();
+    const auto gh = mat<T>(n_rows, grad_hidden);
+    const auto gw = mat<T>(v, grad_weight);
+    const auto gb = vec<T>(v, grad_bias);
+    if (grad_loss != nullptr)
+      lce.backward(vec<const T>(lce.lse().extent(0), grad_loss), gh, gw, gb, accumulate);
+    else
+      lce.backward(T(scale), gh, gw, gb, accumulate);
+  }
+  double reduced_loss() const override { return lce.reduced_loss(); }
+
+  vpce::VocabPartition part;
+  LCE lce;
+  std::int64_t n_rows = 0;
+};
+#endif
+
 template <class F>
 vpce_status guarded(F&& f) {
   try {
@@ -181,6 +257,10 @@ static_assert(int(vpce::DType::float32) == VPCE_FLOAT32 && int(vpce::DType::floa
 
 struct vpce_handle_s {
   std::unique_ptr<HandleBase> impl;
+};
+
+struct vpce_linear_s {
+  std::unique_ptr<LinearBase> impl;
 };
 
 extern "C" {
@@ -345,6 +425,89 @@ vpce_status vpce_reduced_loss(vpce_handle h, double* loss) {
     VPCE_CHECK_HANDLE(h);
     VPCE_THROW_IF(loss == nullptr, "loss is NULL");
     *loss = h->impl->reduced_loss();
+  });
+}
+
+vpce_status vpce_linear_create(MPI_Comm comm, int64_t local_vocab, int64_t hidden_size, vpce_dtype dtype,
+                               const vpce_options* options, int64_t chunk_rows, int sequence_parallel,
+                               vpce_linear* head) {
+  return guarded([&] {
+    VPCE_THROW_IF(head == nullptr, "head is NULL");
+    *head = nullptr;
+    VPCE_THROW_IF(!Kokkos::is_initialized(), "Kokkos is not initialised: call vpce_initialize() first");
+#if defined(VPCE_HAVE_KOKKOSKERNELS)
+    const vpce::Communicator c(comm);
+    std::string err;  // argument errors: agreed before anything collective
+    vpce::Options opt;
+    try {
+      opt = to_options(options);
+      VPCE_THROW_IF(dtype < VPCE_FLOAT32 || dtype > VPCE_FLOAT16, "unknown dtype " + std::to_string(int(dtype)));
+    } catch (const vpce::Error& e) {
+      err = e.message();
+    }
+    c.agree_or_throw(err, {{"the dtype", std::int64_t(dtype)}});
+    vpce::LinearOptions lin;
+    lin.chunk_rows = chunk_rows;
+    lin.sequence_parallel = sequence_parallel != 0;
+    auto h = std::make_unique<vpce_linear_s>();
+    vpce::dispatch(static_cast<vpce::DType>(dtype), [&](auto tag) {
+      h->impl = std::make_unique<Linear<typename decltype(tag)::type>>(c, local_vocab, hidden_size, opt, lin);
+    });
+    *head = h.release();
+#else
+    (void)comm, (void)local_vocab, (void)hidden_size, (void)dtype, (void)options, (void)chunk_rows,
+        (void)sequence_parallel;
+    throw vpce::Error("vpce_linear_create: this build of vpce has no Kokkos Kernels (the fused LM head needs it)");
+#endif
+  });
+}
+
+vpce_status vpce_linear_create_f(MPI_Fint comm, int64_t local_vocab, int64_t hidden_size, int dtype,
+                                 const vpce_options* options, int64_t chunk_rows, int sequence_parallel,
+                                 vpce_linear* head) {
+  return vpce_linear_create(MPI_Comm_f2c(comm), local_vocab, hidden_size, static_cast<vpce_dtype>(dtype), options,
+                            chunk_rows, sequence_parallel, head);
+}
+
+vpce_status vpce_linear_destroy(vpce_linear head) {
+  return guarded([&] { delete head; });
+}
+
+#define VPCE_CHECK_HEAD(h) VPCE_THROW_IF((h) == nullptr || !(h)->impl, "the LM head handle is NULL or destroyed")
+
+vpce_status vpce_linear_forward(vpce_linear head, int64_t n_rows, int64_t n_tokens, const void* hidden,
+                                const void* weight, const void* bias, const int64_t* targets, void* loss) {
+  return guarded([&] {
+    VPCE_CHECK_HEAD(head);
+    head->impl->run(n_rows, n_tokens, hidden, weight, bias, targets, loss, false, nullptr, nullptr, nullptr, nullptr,
+                    1.0, false);
+  });
+}
+
+vpce_status vpce_linear_backward(vpce_linear head, const void* grad_loss, double grad_scale, void* grad_hidden,
+                                 void* grad_weight, void* grad_bias, int accumulate) {
+  return guarded([&] {
+    VPCE_CHECK_HEAD(head);
+    head->impl->backward(grad_loss, grad_scale, grad_hidden, grad_weight, grad_bias, accumulate != 0);
+  });
+}
+
+vpce_status vpce_linear_loss_and_grad(vpce_linear head, int64_t n_rows, int64_t n_tokens, const void* hidden,
+                                      const void* weight, const void* bias, const int64_t* targets, void* loss,
+                                      void* grad_hidden, void* grad_weight, void* grad_bias, const void* grad_loss,
+                                      double grad_scale, int accumulate) {
+  return guarded([&] {
+    VPCE_CHECK_HEAD(head);
+    head->impl->run(n_rows, n_tokens, hidden, weight, bias, targets, loss, true, grad_hidden, grad_weight,
+                    grad_bias, grad_loss, grad_scale, accumulate != 0);
+  });
+}
+
+vpce_status vpce_linear_reduced_loss(vpce_linear head, double* loss) {
+  return guarded([&] {
+    VPCE_CHECK_HEAD(head);
+    VPCE_THROW_IF(loss == nullptr, "loss is NULL");
+    *loss = head->impl->reduced_loss();
   });
 }
 

@@ -33,6 +33,8 @@ module vpce
   public :: vpce_partition, vpce_forward, vpce_backward, vpce_loss_and_grad, vpce_lse, vpce_reduced_loss
   public :: vpce_entropy, vpce_logprob, vpce_z_loss_terms, vpce_set_class_weights
   public :: vpce_forward_probs, vpce_loss_and_grad_probs
+  public :: vpce_linear_create_f, vpce_linear_destroy, vpce_linear_forward, vpce_linear_backward
+  public :: vpce_linear_loss_and_grad, vpce_linear_reduced_loss
   public :: vpce_last_error
 
   interface
@@ -119,6 +121,53 @@ module vpce
     integer(c_int) function vpce_reduced_loss(handle, loss) bind(c, name="vpce_reduced_loss")
       import :: c_int, c_double, c_ptr
       type(c_ptr), value :: handle
+      real(c_double), intent(out) :: loss
+    end function
+    ! The fused LM head (vpce.h, vpce_linear_*): hidden(H, n_rows), weight(H, local_vocab), bias(local_vocab)
+    ! or c_null_ptr, targets/loss(n_tokens); sequence_parallel = 1: hidden holds this rank's tokens only.
+    integer(c_int) function vpce_linear_create_f(comm, local_vocab, hidden_size, dtype, options, chunk_rows, &
+                                                 sequence_parallel, head) bind(c, name="vpce_linear_create_f")
+      import :: c_int, c_int64_t, c_ptr, vpce_options
+      integer(c_int), value :: comm
+      integer(c_int64_t), value :: local_vocab, hidden_size
+      integer(c_int), value :: dtype
+      type(vpce_options), intent(in) :: options
+      integer(c_int64_t), value :: chunk_rows
+      integer(c_int), value :: sequence_parallel
+      type(c_ptr), intent(out) :: head
+    end function
+    integer(c_int) function vpce_linear_destroy(head) bind(c, name="vpce_linear_destroy")
+      import :: c_int, c_ptr
+      type(c_ptr), value :: head
+    end function
+    integer(c_int) function vpce_linear_forward(head, n_rows, n_tokens, hidden, weight, bias, targets, loss) &
+        bind(c, name="vpce_linear_forward")
+      import :: c_int, c_int64_t, c_ptr
+      type(c_ptr), value :: head
+      integer(c_int64_t), value :: n_rows, n_tokens
+      type(c_ptr), value :: hidden, weight, bias, targets, loss
+    end function
+    integer(c_int) function vpce_linear_backward(head, grad_loss, grad_scale, grad_hidden, grad_weight, grad_bias, &
+                                                 accumulate) bind(c, name="vpce_linear_backward")
+      import :: c_int, c_double, c_ptr
+      type(c_ptr), value :: head, grad_loss
+      real(c_double), value :: grad_scale
+      type(c_ptr), value :: grad_hidden, grad_weight, grad_bias
+      integer(c_int), value :: accumulate
+    end function
+    integer(c_int) function vpce_linear_loss_and_grad(head, n_rows, n_tokens, hidden, weight, bias, targets, loss, &
+                                                      grad_hidden, grad_weight, grad_bias, grad_loss, grad_scale, &
+                                                      accumulate) bind(c, name="vpce_linear_loss_and_grad")
+      import :: c_int, c_int64_t, c_double, c_ptr
+      type(c_ptr), value :: head
+      integer(c_int64_t), value :: n_rows, n_tokens
+      type(c_ptr), value :: hidden, weight, bias, targets, loss, grad_hidden, grad_weight, grad_bias, grad_loss
+      real(c_double), value :: grad_scale
+      integer(c_int), value :: accumulate
+    end function
+    integer(c_int) function vpce_linear_reduced_loss(head, loss) bind(c, name="vpce_linear_reduced_loss")
+      import :: c_int, c_double, c_ptr
+      type(c_ptr), value :: head
       real(c_double), intent(out) :: loss
     end function
     type(c_ptr) function vpce_last_error_c() bind(c, name="vpce_last_error")

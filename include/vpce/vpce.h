@@ -94,6 +94,38 @@ vpce_status vpce_logprob(vpce_handle handle, void* logprob);
 vpce_status vpce_z_loss_terms(vpce_handle handle, void* z_loss);
 vpce_status vpce_reduced_loss(vpce_handle handle, double* loss);
 
+/* The fused LM head (vpce::LinearCrossEntropy, vpce/linear_cross_entropy.hpp): the loss of the logits
+ * hidden x weight^T + bias without ever holding them whole. Needs vpce built with Kokkos Kernels; without it
+ * vpce_linear_create fails (VPCE_ERROR_INPUT) saying so. Arrays are row-major host arrays in `dtype`:
+ * hidden n_rows x hidden_size (all n_tokens tokens, or with sequence_parallel this rank's slice of them, rank
+ * 0's rows first), weight local_vocab x hidden_size (this rank's rows), bias local_vocab or NULL; targets and
+ * loss n_tokens. loss, grad_loss and the gradients (grad_hidden like hidden, grad_weight like weight,
+ * grad_bias like bias: NULL without a bias) are double for VPCE_FLOAT64 and float otherwise (16-bit inputs
+ * are multiplied in float). chunk_rows: rows of logits at a time, 0 for the library's default (64 MiB). */
+typedef struct vpce_linear_s* vpce_linear;
+/* Collective. options as for vpce_create (mode, grad_in_logits_type and probability_targets are not used;
+ * probability_targets set is an error). */
+vpce_status vpce_linear_create(MPI_Comm comm, int64_t local_vocab, int64_t hidden_size, vpce_dtype dtype,
+                               const vpce_options* options, int64_t chunk_rows, int sequence_parallel,
+                               vpce_linear* head);
+vpce_status vpce_linear_create_f(MPI_Fint comm, int64_t local_vocab, int64_t hidden_size, int dtype,
+                                 const vpce_options* options, int64_t chunk_rows, int sequence_parallel,
+                                 vpce_linear* head);
+vpce_status vpce_linear_destroy(vpce_linear head);
+/* Collective. Per-token loss; keeps the pointers for vpce_linear_backward (the arrays must stay unchanged). */
+vpce_status vpce_linear_forward(vpce_linear head, int64_t n_rows, int64_t n_tokens, const void* hidden,
+                                const void* weight, const void* bias, const int64_t* targets, void* loss);
+/* Collective. Gradients of the last forward: of sum_i grad_loss[i] * loss_i if grad_loss is not NULL
+ * (reduction none), else of grad_scale * the reduced loss; accumulate: add to grad_weight and grad_bias. */
+vpce_status vpce_linear_backward(vpce_linear head, const void* grad_loss, double grad_scale, void* grad_hidden,
+                                 void* grad_weight, void* grad_bias, int accumulate);
+/* Collective. Loss and gradients in one pass (the training step). */
+vpce_status vpce_linear_loss_and_grad(vpce_linear head, int64_t n_rows, int64_t n_tokens, const void* hidden,
+                                      const void* weight, const void* bias, const int64_t* targets, void* loss,
+                                      void* grad_hidden, void* grad_weight, void* grad_bias, const void* grad_loss,
+                                      double grad_scale, int accumulate);
+/* The reduced loss of the last call (sum for reduction none). */
+vpce_status vpce_linear_reduced_loss(vpce_linear head, double* loss);
 /* The message of this thread's last failed call ("" if none). */
 const char* vpce_last_error(void);
 
