@@ -249,6 +249,21 @@ vpce::Options to_options(const vpce_options* o) {
   return opt;
 }
 
+/// The options and dtype of a create call, checked on every rank: argument errors must fail on every rank
+/// alike, so they are agreed on before anything collective.
+vpce::Options agreed_options(const vpce::Communicator& c, const vpce_options* options, vpce_dtype dtype) {
+  std::string err;
+  vpce::Options opt;
+  try {
+    opt = to_options(options);
+    VPCE_THROW_IF(dtype < VPCE_FLOAT32 || dtype > VPCE_FLOAT16, "unknown dtype " + std::to_string(int(dtype)));
+  } catch (const vpce::Error& e) {
+    err = e.message();
+  }
+  c.agree_or_throw(err, {{"the dtype", std::int64_t(dtype)}});
+  return opt;
+}
+
 // vpce_dtype's values are vpce::DType's: a checked vpce_dtype converts with a cast.
 static_assert(int(vpce::DType::float32) == VPCE_FLOAT32 && int(vpce::DType::float64) == VPCE_FLOAT64 &&
               int(vpce::DType::bfloat16) == VPCE_BFLOAT16 && int(vpce::DType::float16) == VPCE_FLOAT16);
@@ -306,16 +321,7 @@ vpce_status vpce_create(MPI_Comm comm, int64_t local_vocab, vpce_dtype dtype, co
     *handle = nullptr;
     VPCE_THROW_IF(!Kokkos::is_initialized(), "Kokkos is not initialised: call vpce_initialize() first");
     const vpce::Communicator c(comm);
-    // Argument errors must fail on every rank alike: agree on them before anything collective.
-    std::string err;
-    vpce::Options opt;
-    try {
-      opt = to_options(options);
-      VPCE_THROW_IF(dtype < VPCE_FLOAT32 || dtype > VPCE_FLOAT16, "unknown dtype " + std::to_string(int(dtype)));
-    } catch (const vpce::Error& e) {
-      err = e.message();
-    }
-    c.agree_or_throw(err, {{"the dtype", std::int64_t(dtype)}});
+    const vpce::Options opt = agreed_options(c, options, dtype);
     const bool g16 = options && options->grad_in_logits_type;
     auto h = std::make_unique<vpce_handle_s>();
     vpce::dispatch(static_cast<vpce::DType>(dtype), [&](auto tag) {
@@ -437,15 +443,7 @@ vpce_status vpce_linear_create(MPI_Comm comm, int64_t local_vocab, int64_t hidde
     VPCE_THROW_IF(!Kokkos::is_initialized(), "Kokkos is not initialised: call vpce_initialize() first");
 #if defined(VPCE_HAVE_KOKKOSKERNELS)
     const vpce::Communicator c(comm);
-    std::string err;  // argument errors: agreed before anything collective
-    vpce::Options opt;
-    try {
-      opt = to_options(options);
-      VPCE_THROW_IF(dtype < VPCE_FLOAT32 || dtype > VPCE_FLOAT16, "unknown dtype " + std::to_string(int(dtype)));
-    } catch (const vpce::Error& e) {
-      err = e.message();
-    }
-    c.agree_or_throw(err, {{"the dtype", std::int64_t(dtype)}});
+    const vpce::Options opt = agreed_options(c, options, dtype);
     vpce::LinearOptions lin;
     lin.chunk_rows = chunk_rows;
     lin.sequence_parallel = sequence_parallel != 0;

@@ -99,6 +99,17 @@ void copy_rows(const ExecSpace& exec, std::int64_t rows, std::int64_t cols, T* d
              !is_host_space_v<ExecSpace>);
 }
 
+/// Sets a LinearCrossEntropy call's gradient outputs (`Call` is its private description of one call).
+template <class Call, class Matrix, class Vector>
+void set_gradients(Call* call, const Matrix& grad_hidden, const Matrix& grad_weight, const Vector& grad_bias,
+                   bool accumulate) {
+  call->grad = true;
+  call->grad_hidden = grad_hidden;
+  call->grad_weight = grad_weight;
+  call->grad_bias = grad_bias;
+  call->accumulate = accumulate;
+}
+
 /// An MPI datatype freed when it goes out of scope.
 struct ScopedType {
   MPI_Datatype type = MPI_DATATYPE_NULL;
@@ -278,12 +289,9 @@ void LinearCrossEntropy<Scalar, ExecSpace>::backward(const grad_loss_view& grad_
                                                      const grad_matrix_view& grad_weight,
                                                      const grad_bias_view& grad_bias, bool accumulate_weight) {
   Call call;
-  call.grad_hidden = grad_hidden;
-  call.grad_weight = grad_weight;
-  call.grad_bias = grad_bias;
+  impl::set_gradients(&call, grad_hidden, grad_weight, grad_bias, accumulate_weight);
   call.per_row = true;
   call.grad_loss = grad_loss;
-  call.accumulate = accumulate_weight;
   backward_impl(call);
 }
 
@@ -292,11 +300,8 @@ void LinearCrossEntropy<Scalar, ExecSpace>::backward(compute_type grad_scale, co
                                                      const grad_matrix_view& grad_weight,
                                                      const grad_bias_view& grad_bias, bool accumulate_weight) {
   Call call;
-  call.grad_hidden = grad_hidden;
-  call.grad_weight = grad_weight;
-  call.grad_bias = grad_bias;
+  impl::set_gradients(&call, grad_hidden, grad_weight, grad_bias, accumulate_weight);
   call.grad_scale = grad_scale;
-  call.accumulate = accumulate_weight;
   backward_impl(call);
 }
 
@@ -310,7 +315,6 @@ void LinearCrossEntropy<Scalar, ExecSpace>::backward_impl(Call call) {
   call.bias = m_saved_bias;
   call.targets = m_saved_targets;
   call.loss = Kokkos::subview(m_scratch_loss, std::make_pair(std::int64_t(0), n));
-  call.grad = true;
   check_call(call);
   run(call);
 }
