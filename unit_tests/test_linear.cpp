@@ -62,6 +62,16 @@ Kokkos::View<T**, Kokkos::LayoutRight, Mem> device_matrix(const std::vector<doub
   return d;
 }
 
+/// src[first, first + count) as a device View of T.
+template <class T, class V = std::vector<double>>
+Kokkos::View<T*, Mem> device_vector(const V& src, std::int64_t first, std::int64_t count) {
+  Kokkos::View<T*, Mem> d("v", count);
+  auto hst = Kokkos::create_mirror_view(d);
+  for (std::int64_t i = 0; i < count; ++i) hst(i) = T(src[first + i]);
+  Kokkos::deep_copy(d, hst);
+  return d;
+}
+
 template <class T>
 Kokkos::View<T**, Kokkos::LayoutRight, Mem> poisoned_matrix(std::int64_t rows, std::int64_t cols) {
   Kokkos::View<T**, Kokkos::LayoutRight, Mem> d("g", rows, cols);
@@ -119,10 +129,7 @@ Reference materialised(const vpce::Communicator& comm, const vpce::VocabPartitio
       lh(i, j) = s + (p.bias.empty() ? 0.0 : p.bias[b + j]);
     }
   Kokkos::deep_copy(logits, lh);
-  Kokkos::View<std::int64_t*, Mem> y("y", n);
-  auto yh = Kokkos::create_mirror_view(y);
-  for (std::int64_t i = 0; i < n; ++i) yh(i) = p.targets[i];
-  Kokkos::deep_copy(y, yh);
+  const auto y = device_vector<std::int64_t>(p.targets, 0, n);
   Kokkos::View<double*, Mem> loss("loss", n);
   vpce::CrossEntropy<double, Exec> ce(comm, part, opt);
   ce.loss_and_grad(logits, y, loss, logits, grad_scale);
@@ -189,10 +196,7 @@ TYPED_TEST(LinearTest, MatchesMaterialisedPath) {
       const Reference ref = materialised(this->comm, part, p, opt, g);
       const auto hidden = device_matrix<T>(p.hidden, 0, n, h);
       const auto weight = device_matrix<T>(p.weight, part.begin(), part.local_size(), h);
-      Kokkos::View<std::int64_t*, Mem> y("y", n);
-      auto yh = Kokkos::create_mirror_view(y);
-      for (std::int64_t i = 0; i < n; ++i) yh(i) = p.targets[i];
-      Kokkos::deep_copy(y, yh);
+      const auto y = device_vector<std::int64_t>(p.targets, 0, n);
       for (std::int64_t chunk : {0, 1, 4, 7, 23, 30}) {
         vpce::LinearOptions lo;
         lo.chunk_rows = chunk;
@@ -237,10 +241,7 @@ TYPED_TEST(LinearTest, PerRowGradLoss) {
   const LinearProblem p = make_linear(n, h, v, 5);
   const auto hidden = device_matrix<T>(p.hidden, 0, n, h);
   const auto weight = device_matrix<T>(p.weight, part.begin(), part.local_size(), h);
-  Kokkos::View<std::int64_t*, Mem> y("y", n);
-  auto yh = Kokkos::create_mirror_view(y);
-  for (std::int64_t i = 0; i < n; ++i) yh(i) = p.targets[i];
-  Kokkos::deep_copy(y, yh);
+  const auto y = device_vector<std::int64_t>(p.targets, 0, n);
   Kokkos::View<T*, Mem> gl("grad_loss", n);
   auto glh = Kokkos::create_mirror_view(gl);
   for (std::int64_t i = 0; i < n; ++i) glh(i) = T(0.1 * (i + 1));
@@ -291,10 +292,7 @@ TEST(LinearGradCheck, FiniteDifferences) {
   vpce::LinearOptions lo;
   lo.chunk_rows = 2;
   vpce::LinearCrossEntropy<double, Exec> lce(comm, part, h, opt, lo);
-  Kokkos::View<std::int64_t*, Mem> y("y", n);
-  auto yh = Kokkos::create_mirror_view(y);
-  for (std::int64_t i = 0; i < n; ++i) yh(i) = p.targets[i];
-  Kokkos::deep_copy(y, yh);
+  const auto y = device_vector<std::int64_t>(p.targets, 0, n);
   Kokkos::View<double*, Mem> gl("grad_loss", n), loss("loss", n);
   auto glh = Kokkos::create_mirror_view(gl);
   for (std::int64_t i = 0; i < n; ++i) glh(i) = 1.0 + 0.25 * i;
@@ -344,10 +342,7 @@ TEST(LinearErrors, BadInputsThrowOnEveryRank) {
   using LCE = vpce::LinearCrossEntropy<float, Exec>;
   const auto hidden = device_matrix<float>(p.hidden, 0, n, h);
   const auto weight = device_matrix<float>(p.weight, part.begin(), part.local_size(), h);
-  Kokkos::View<std::int64_t*, Mem> y("y", n);
-  auto yh = Kokkos::create_mirror_view(y);
-  for (std::int64_t i = 0; i < n; ++i) yh(i) = p.targets[i];
-  Kokkos::deep_copy(y, yh);
+  const auto y = device_vector<std::int64_t>(p.targets, 0, n);
   Kokkos::View<float*, Mem> loss("loss", n);
   auto gh = poisoned_matrix<float>(n, h);
   auto gw = poisoned_matrix<float>(part.local_size(), h);
@@ -409,15 +404,6 @@ LinearProblem rounded(LinearProblem p) {
   for (auto* values : {&p.hidden, &p.weight, &p.bias})
     for (double& x : *values) x = double(C(T(C(x))));
   return p;
-}
-
-template <class T, class V = std::vector<double>>
-Kokkos::View<T*, Mem> device_vector(const V& src, std::int64_t first, std::int64_t count) {
-  Kokkos::View<T*, Mem> d("v", count);
-  auto hst = Kokkos::create_mirror_view(d);
-  for (std::int64_t i = 0; i < count; ++i) hst(i) = T(src[first + i]);
-  Kokkos::deep_copy(d, hst);
-  return d;
 }
 
 /// Sequence-parallel rows: rank 0 has none (when there are several ranks), the others uneven slices.
