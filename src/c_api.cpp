@@ -1,7 +1,8 @@
-// The C API: a handle holds a CrossEntropy on the host execution space, over unmanaged Views of the
-// caller's pointers.
+// The C API: a handle holds a CrossEntropy on the host execution space, or (VPCE_MEMORY_DEVICE) on the default
+// one, over unmanaged Views of the caller's pointers.
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "vpce/definitions.hpp"  // CrossEntropy on the host space: not the default one in a device build
 #include "vpce/dtype.hpp"
@@ -14,7 +15,20 @@ thread_local std::string g_last_error;
 bool g_we_initialized_kokkos = false;
 
 using Host = Kokkos::DefaultHostExecutionSpace;
+using Device = Kokkos::DefaultExecutionSpace;
 using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
+/// A device backend (CUDA, HIP, SYCL, ...): the default space's memory is not the host's. Without one no
+/// handle is built on Device (agreed_options rejects VPCE_MEMORY_DEVICE), so nothing is instantiated twice.
+constexpr bool kHaveDevice = !std::is_same_v<Device::memory_space, Kokkos::HostSpace>;
+
+/// f(type_tag<the execution space a handle of these options runs on>).
+template <class F>
+void with_space(const vpce_options* o, const F& f) {
+  if constexpr (kHaveDevice) {
+    if (o && o->memory_space == VPCE_MEMORY_DEVICE) return f(vpce::type_tag<Device>{});
+  }
+  f(vpce::type_tag<Host>{});
+}
 
 struct HandleBase {
   virtual ~HandleBase() = default;
@@ -33,40 +47,40 @@ struct HandleBase {
   virtual const vpce::VocabPartition& partition() const = 0;
 };
 
-template <class S>
+template <class S, class Exec>
 struct Handle final : HandleBase {
-  using CE = vpce::CrossEntropy<S, Host>;
+  using CE = vpce::CrossEntropy<S, Exec>;
   using T = typename CE::compute_type;
-  using HS = Kokkos::HostSpace;
+  using MS = typename CE::memory_space;  // the caller's pointers'
   Handle(const vpce::Communicator& comm, std::int64_t local_vocab, const vpce::Options& opt, bool grad_16)
       : part(vpce::VocabPartition::from_local_size(local_vocab, comm)), ce(comm, part, opt), grad_16bit(grad_16) {}
 
   // A NULL pointer becomes an empty View: the library's collective shape checks then fail on every rank
   // alike (a local check here could leave the other ranks waiting in the collective).
   static std::size_t rows(std::int64_t n, const void* p) { return p ? std::size_t(n < 0 ? 0 : n) : 0; }
-  Kokkos::View<const S**, Kokkos::LayoutRight, HS, Unmanaged> logits_view(std::int64_t n, const void* p) const {
-    using V = Kokkos::View<const S**, Kokkos::LayoutRight, HS, Unmanaged>;
+  Kokkos::View<const S**, Kokkos::LayoutRight, MS, Unmanaged> logits_view(std::int64_t n, const void* p) const {
+    using V = Kokkos::View<const S**, Kokkos::LayoutRight, MS, Unmanaged>;
     return V(static_cast<const S*>(p), rows(n, p), p ? std::size_t(part.local_size()) : 0);
   }
   template <class G>
-  Kokkos::View<G**, Kokkos::LayoutRight, HS, Unmanaged> grad_view(std::int64_t n, void* p) const {
-    using V = Kokkos::View<G**, Kokkos::LayoutRight, HS, Unmanaged>;
+  Kokkos::View<G**, Kokkos::LayoutRight, MS, Unmanaged> grad_view(std::int64_t n, void* p) const {
+    using V = Kokkos::View<G**, Kokkos::LayoutRight, MS, Unmanaged>;
     return V(static_cast<G*>(p), rows(n, p), p ? std::size_t(part.local_size()) : 0);
   }
-  Kokkos::View<const T*, HS, Unmanaged> grad_loss_view(std::int64_t n, const void* p) const {
-    return Kokkos::View<const T*, HS, Unmanaged>(static_cast<const T*>(p), rows(n, p));
+  Kokkos::View<const T*, MS, Unmanaged> grad_loss_view(std::int64_t n, const void* p) const {
+    return Kokkos::View<const T*, MS, Unmanaged>(static_cast<const T*>(p), rows(n, p));
   }
 
   /// f(the targets as the library takes them): the ids' View, or the probabilities' matrix.
   template <class F>
   void with_targets(std::int64_t n, const std::int64_t* targets, const void* probs, const F& f) const {
     if (probs != nullptr) return f(logits_view(n, probs));
-    f(Kokkos::View<const std::int64_t*, HS, Unmanaged>(targets, rows(n, targets)));
+    f(Kokkos::View<const std::int64_t*, MS, Unmanaged>(targets, rows(n, targets)));
   }
   void forward(std::int64_t n, const void* logits, const std::int64_t* targets, const void* probs,
                void* loss) override {
     with_targets(n, targets, probs, [&](const auto& t) {
-      ce.forward(logits_view(n, logits), t, Kokkos::View<T*, HS, Unmanaged>(static_cast<T*>(loss), rows(n, loss)));
+      ce.forward(logits_view(n, logits), t, Kokkos::View<T*, MS, Unmanaged>(static_cast<T*>(loss), rows(n, loss)));
     });
     n_rows = n;
   }
@@ -88,7 +102,7 @@ struct Handle final : HandleBase {
   void loss_and_grad(std::int64_t n, const void* logits, const std::int64_t* targets, const void* probs,
                      void* loss, void* grad, const void* grad_loss, double scale) override {
     const auto x = logits_view(n, logits);
-    const Kokkos::View<T*, HS, Unmanaged> l(static_cast<T*>(loss), rows(n, loss));
+    const Kokkos::View<T*, MS, Unmanaged> l(static_cast<T*>(loss), rows(n, loss));
     n_rows = n;
     with_targets(n, targets, probs, [&](const auto& t) {
       if constexpr (vpce::is_16bit_v<S>) {
@@ -109,7 +123,7 @@ struct Handle final : HandleBase {
   void lse(void* out) const override { copy_out(ce.lse(), out); }
   void class_weights(const void* local) override {
     if (local == nullptr) return ce.clear_class_weights();
-    ce.set_class_weights(Kokkos::View<const T*, HS, Unmanaged>(static_cast<const T*>(local), part.local_size()));
+    ce.set_class_weights(Kokkos::View<const T*, MS, Unmanaged>(static_cast<const T*>(local), part.local_size()));
   }
   void row_output(vpce::impl::RowOutput what, void* out) const override {
     switch (what) {
@@ -124,7 +138,7 @@ struct Handle final : HandleBase {
   template <class V>
   static void copy_out(const V& v, void* out) {
     VPCE_THROW_IF(out == nullptr && v.extent(0) > 0, "the output array is NULL");
-    Kokkos::deep_copy(Kokkos::View<T*, HS, Unmanaged>(static_cast<T*>(out), v.extent(0)), v);
+    Kokkos::deep_copy(Kokkos::View<T*, MS, Unmanaged>(static_cast<T*>(out), v.extent(0)), v);
   }
   double reduced_loss() const override { return ce.reduced_loss(); }
   const vpce::VocabPartition& partition() const override { return part; }
@@ -135,7 +149,8 @@ struct Handle final : HandleBase {
   std::int64_t n_rows = 0;
 };
 
-/// The fused LM head's handle: a LinearCrossEntropy on the host execution space (with Kokkos Kernels).
+/// The fused LM head's handle: a LinearCrossEntropy on the host or the default execution space (with Kokkos
+/// Kernels).
 struct LinearBase {
   virtual ~LinearBase() = default;
   /// grad: also the gradients (loss_and_grad); else the loss only (forward).
@@ -148,15 +163,15 @@ struct LinearBase {
 };
 
 #if defined(VPCE_HAVE_KOKKOSKERNELS)
-template <class S>
+template <class S, class Exec>
 struct Linear final : LinearBase {
-  using LCE = vpce::LinearCrossEntropy<S, Host>;
+  using LCE = vpce::LinearCrossEntropy<S, Exec>;
   using T = typename LCE::compute_type;
-  using HS = Kokkos::HostSpace;
+  using MS = typename LCE::memory_space;  // the caller's pointers'
   template <class E>
-  using Mat = Kokkos::View<E**, Kokkos::LayoutRight, HS, Unmanaged>;
+  using Mat = Kokkos::View<E**, Kokkos::LayoutRight, MS, Unmanaged>;
   template <class E>
-  using Vec = Kokkos::View<E*, HS, Unmanaged>;
+  using Vec = Kokkos::View<E*, MS, Unmanaged>;
   Linear(const vpce::Communicator& comm, std::int64_t local_vocab, std::int64_t hidden, const vpce::Options& opt,
          const vpce::LinearOptions& lin)
       : part(vpce::VocabPartition::from_local_size(local_vocab, comm)), lce(comm, part, hidden, opt, lin) {}
@@ -233,6 +248,11 @@ vpce::Options to_options(const vpce_options* o) {
   VPCE_THROW_IF(o->strategy < 0 || o->strategy > 1, "options.strategy must be VPCE_STRATEGY_FUSED or _SEED");
   VPCE_THROW_IF(o->mode < 0 || o->mode > 1, "options.mode must be VPCE_MODE_RECOMPUTE or _STASH_SOFTMAX");
   VPCE_THROW_IF(o->reduction < 0 || o->reduction > 2, "options.reduction must be VPCE_REDUCTION_NONE, _SUM or _MEAN");
+  VPCE_THROW_IF(o->memory_space < 0 || o->memory_space > 1, "options.memory_space must be VPCE_MEMORY_HOST or _DEVICE");
+  VPCE_THROW_IF(o->memory_space == VPCE_MEMORY_DEVICE && !kHaveDevice,
+                std::string("options.memory_space is VPCE_MEMORY_DEVICE, but this build of vpce has no device backend "
+                            "(Kokkos::DefaultExecutionSpace is ") +
+                    Device::name() + ")");
   vpce::Options opt;
   opt.strategy = o->strategy == VPCE_STRATEGY_SEED ? vpce::Strategy::seed : vpce::Strategy::fused;
   opt.mode = o->mode == VPCE_MODE_STASH_SOFTMAX ? vpce::Mode::stash_softmax : vpce::Mode::recompute;
@@ -296,6 +316,7 @@ void vpce_options_default(vpce_options* o) {
   o->entropy = d.entropy ? 1 : 0;
   o->entropy_weight = d.entropy_weight;
   o->probability_targets = 0;
+  o->memory_space = VPCE_MEMORY_HOST;
 }
 
 vpce_status vpce_initialize(void) {
@@ -314,6 +335,8 @@ vpce_status vpce_finalize(void) {
   });
 }
 
+int vpce_has_device(void) { return kHaveDevice ? 1 : 0; }
+
 vpce_status vpce_create(MPI_Comm comm, int64_t local_vocab, vpce_dtype dtype, const vpce_options* options,
                         vpce_handle* handle) {
   return guarded([&] {
@@ -325,7 +348,10 @@ vpce_status vpce_create(MPI_Comm comm, int64_t local_vocab, vpce_dtype dtype, co
     const bool g16 = options && options->grad_in_logits_type;
     auto h = std::make_unique<vpce_handle_s>();
     vpce::dispatch(static_cast<vpce::DType>(dtype), [&](auto tag) {
-      h->impl = std::make_unique<Handle<typename decltype(tag)::type>>(c, local_vocab, opt, g16);
+      with_space(options, [&](auto space) {
+        using H = Handle<typename decltype(tag)::type, typename decltype(space)::type>;
+        h->impl = std::make_unique<H>(c, local_vocab, opt, g16);
+      });
     });
     *handle = h.release();
   });
@@ -449,7 +475,10 @@ vpce_status vpce_linear_create(MPI_Comm comm, int64_t local_vocab, int64_t hidde
     lin.sequence_parallel = sequence_parallel != 0;
     auto h = std::make_unique<vpce_linear_s>();
     vpce::dispatch(static_cast<vpce::DType>(dtype), [&](auto tag) {
-      h->impl = std::make_unique<Linear<typename decltype(tag)::type>>(c, local_vocab, hidden_size, opt, lin);
+      with_space(options, [&](auto space) {
+        using L = Linear<typename decltype(tag)::type, typename decltype(space)::type>;
+        h->impl = std::make_unique<L>(c, local_vocab, hidden_size, opt, lin);
+      });
     });
     *head = h.release();
 #else

@@ -1,7 +1,11 @@
 /* vpce C API: vocab-parallel cross entropy from C and (through ISO_C_BINDING, see vpce.f90) Fortran.
  *
- * All pointers are host pointers; arrays are row-major (C order): logits N x V_local, the gradient the
- * same, targets/loss/grad_loss/lse N. The loss, lse and grad_loss are double for VPCE_FLOAT64 logits and
+ * Array arguments are host pointers, or with options.memory_space = VPCE_MEMORY_DEVICE pointers to the
+ * memory of Kokkos' default execution space (e.g. CUDA device memory: the handle then runs there, with no
+ * copy through the host; inputs must be ready when a call starts, e.g. after the caller's own asynchronous
+ * work on them has been waited for, and outputs are complete when it returns); scalars returned through a
+ * pointer (vpce_partition, the reduced losses) are always on the host. Arrays are row-major (C order): logits N x V_local, the gradient the same,
+ * targets/loss/grad_loss/lse N. The loss, lse and grad_loss are double for VPCE_FLOAT64 logits and
  * float otherwise. The gradient is float (double for VPCE_FLOAT64) or, with options.grad_in_logits_type
  * set and 16-bit logits, in the logits' own 16-bit type.
  *
@@ -22,6 +26,7 @@ typedef enum { VPCE_FLOAT32 = 0, VPCE_FLOAT64 = 1, VPCE_BFLOAT16 = 2, VPCE_FLOAT
 typedef enum { VPCE_STRATEGY_FUSED = 0, VPCE_STRATEGY_SEED = 1 } vpce_strategy;
 typedef enum { VPCE_MODE_RECOMPUTE = 0, VPCE_MODE_STASH_SOFTMAX = 1 } vpce_mode;
 typedef enum { VPCE_REDUCTION_NONE = 0, VPCE_REDUCTION_SUM = 1, VPCE_REDUCTION_MEAN = 2 } vpce_reduction;
+typedef enum { VPCE_MEMORY_HOST = 0, VPCE_MEMORY_DEVICE = 1 } vpce_memory_space;
 
 /* vpce::Options; fill with vpce_options_default() first. */
 typedef struct {
@@ -38,6 +43,8 @@ typedef struct {
   int entropy;              /* 1: keep each row's entropy for vpce_entropy() (default 0) */
   double entropy_weight;    /* adds entropy_weight * entropy to each row's loss (finite; may be < 0) */
   int probability_targets;  /* 1: the calls take target probabilities (vpce_forward_probs, ...), not ids */
+  int memory_space;         /* vpce_memory_space of every array argument of the handle's calls (default
+                               host); VPCE_MEMORY_DEVICE needs vpce_has_device() */
 } vpce_options;
 
 typedef struct vpce_handle_s* vpce_handle;
@@ -49,6 +56,9 @@ void vpce_options_default(vpce_options* options);
  * initialised it (call it after the last vpce_destroy, before MPI_Finalize). */
 vpce_status vpce_initialize(void);
 vpce_status vpce_finalize(void);
+/* 1 if this build of vpce has a device backend (Kokkos' default execution space is CUDA, HIP, SYCL, ...:
+ * options.memory_space = VPCE_MEMORY_DEVICE works), else 0. */
+int vpce_has_device(void);
 
 /* Collective. This rank owns `local_vocab` columns, ranks in order (an uneven split is fine); the
  * communicator is duplicated. `options` may be NULL (defaults). */
@@ -96,7 +106,8 @@ vpce_status vpce_reduced_loss(vpce_handle handle, double* loss);
 
 /* The fused LM head (vpce::LinearCrossEntropy, vpce/linear_cross_entropy.hpp): the loss of the logits
  * hidden x weight^T + bias without ever holding them whole. Needs vpce built with Kokkos Kernels; without it
- * vpce_linear_create fails (VPCE_ERROR_INPUT) saying so. Arrays are row-major host arrays in `dtype`:
+ * vpce_linear_create fails (VPCE_ERROR_INPUT) saying so. Arrays are row-major, in `dtype`, on the host or
+ * (options.memory_space) the device:
  * hidden n_rows x hidden_size (all n_tokens tokens, or with sequence_parallel this rank's slice of them, rank
  * 0's rows first), weight local_vocab x hidden_size (this rank's rows), bias local_vocab or NULL; targets and
  * loss n_tokens. loss, grad_loss and the gradients (grad_hidden like hidden, grad_weight like weight,
