@@ -1,6 +1,7 @@
 /* The C API from C: float32 and bfloat16 logits on an uneven partition, mean reduction with label
- * smoothing, checked against each other (loss, gradient, and the per-row entropy and target log-prob), and
- * a bad target that fails on every rank alike.
+ * smoothing, checked against each other (loss, gradient, and the per-row entropy and target log-prob), a
+ * bad target that fails on every rank alike, and options.memory_space (device pointers: a build without a
+ * device backend refuses them at create, on every rank alike).
  * Run: mpirun -np 3 ./vpce_example_c */
 #include <math.h>
 #include <stdio.h>
@@ -22,6 +23,15 @@ static float from_bf16(uint16_t b) {
   float f;
   memcpy(&f, &u, 4);
   return f;
+}
+
+/* 1 unless this rank's last error message is rank 0's (a collective call fails on every rank alike). */
+static int differs_from_rank0(void) {
+  char mine[512] = {0}, rank0[512];
+  strncpy(mine, vpce_last_error(), sizeof mine - 1);
+  memcpy(rank0, mine, sizeof mine);
+  MPI_Bcast(rank0, (int)sizeof rank0, MPI_CHAR, 0, MPI_COMM_WORLD);
+  return strcmp(mine, rank0) != 0;
 }
 
 int main(int argc, char** argv) {
@@ -204,6 +214,30 @@ int main(int argc, char** argv) {
   vpce_status st = vpce_forward(h32, n, x32, targets, loss32);
   if (st != VPCE_ERROR_INPUT || strstr(vpce_last_error(), "outside") == NULL) fail = 1;
   if (rank == 0) printf("expected error: %s\n", vpce_last_error());
+
+  /* Device pointers (VPCE_MEMORY_DEVICE) need a device backend: a host-only build refuses them at create,
+   * saying why; an unknown memory_space fails in any build. */
+  {
+    vpce_options dopt;
+    vpce_options_default(&dopt);
+    dopt.memory_space = VPCE_MEMORY_DEVICE;
+    vpce_handle hd = NULL;
+    st = vpce_create(MPI_COMM_WORLD, local, VPCE_FLOAT32, &dopt, &hd);
+    if (vpce_has_device()) {
+      if (st != VPCE_SUCCESS) fail = 1;
+      vpce_destroy(hd);
+    } else {
+      if (st != VPCE_ERROR_INPUT || hd != NULL || strstr(vpce_last_error(), "no device backend") == NULL ||
+          differs_from_rank0())
+        fail = 1;
+      if (rank == 0) printf("expected error (host-only build): %s\n", vpce_last_error());
+    }
+    dopt.memory_space = 7;
+    st = vpce_create(MPI_COMM_WORLD, local, VPCE_FLOAT32, &dopt, &hd);
+    if (st != VPCE_ERROR_INPUT || hd != NULL || strstr(vpce_last_error(), "memory_space") == NULL ||
+        differs_from_rank0())
+      fail = 1;
+  }
 
   vpce_destroy(h32);
   vpce_destroy(h16);
