@@ -1,7 +1,9 @@
 ! Fortran interface to vpce's C API (include/vpce/vpce.h) through ISO_C_BINDING.
 ! Compile this file with your program (or into a module library); link against vpce.
 ! Arrays are passed as C pointers: a Fortran array logits(V_local, N) (column-major) is the C array
-! logits[N][V_local], so rows of the C API are columns here.
+! logits[N][V_local], so rows of the C API are columns here. With options%memory_space = VPCE_MEMORY_DEVICE
+! they are device addresses, e.g. c_loc of an array inside OpenACC's host_data use_device (see
+! examples/fortran_openacc_example.f90).
 module vpce
   use, intrinsic :: iso_c_binding
   implicit none
@@ -12,6 +14,7 @@ module vpce
   integer(c_int), parameter, public :: VPCE_STRATEGY_FUSED = 0, VPCE_STRATEGY_SEED = 1
   integer(c_int), parameter, public :: VPCE_MODE_RECOMPUTE = 0, VPCE_MODE_STASH_SOFTMAX = 1
   integer(c_int), parameter, public :: VPCE_REDUCTION_NONE = 0, VPCE_REDUCTION_SUM = 1, VPCE_REDUCTION_MEAN = 2
+  integer(c_int), parameter, public :: VPCE_MEMORY_HOST = 0, VPCE_MEMORY_DEVICE = 1
 
   type, bind(c), public :: vpce_options
     integer(c_int) :: strategy
@@ -27,9 +30,10 @@ module vpce
     integer(c_int) :: entropy
     real(c_double) :: entropy_weight
     integer(c_int) :: probability_targets
+    integer(c_int) :: memory_space  ! VPCE_MEMORY_DEVICE: the arrays are device pointers (vpce_has_device() == 1)
   end type vpce_options
 
-  public :: vpce_initialize, vpce_finalize, vpce_options_default, vpce_create_f, vpce_destroy
+  public :: vpce_initialize, vpce_finalize, vpce_has_device, vpce_options_default, vpce_create_f, vpce_destroy
   public :: vpce_partition, vpce_forward, vpce_backward, vpce_loss_and_grad, vpce_lse, vpce_reduced_loss
   public :: vpce_entropy, vpce_logprob, vpce_z_loss_terms, vpce_set_class_weights
   public :: vpce_forward_probs, vpce_loss_and_grad_probs
@@ -42,6 +46,9 @@ module vpce
       import :: c_int
     end function
     integer(c_int) function vpce_finalize() bind(c, name="vpce_finalize")
+      import :: c_int
+    end function
+    integer(c_int) function vpce_has_device() bind(c, name="vpce_has_device")
       import :: c_int
     end function
     subroutine vpce_options_default(options) bind(c, name="vpce_options_default")
