@@ -47,18 +47,7 @@ program vpce_fortran_openacc_example
     if (targets(i) >= begin .and. targets(i) < begin + local) logits(targets(i) - begin + 1, i) = target_logit(i)
   end do
 
-  !$acc data copyin(logits, targets) create(loss, grad)
-  if (on_device) then
-    !$acc host_data use_device(logits, targets, loss, grad)
-    st = vpce_loss_and_grad(h, int(n, c_int64_t), c_loc(logits), c_loc(targets), c_loc(loss), c_loc(grad), &
-                            c_null_ptr, 1.0_c_double)
-    !$acc end host_data
-    !$acc update self(loss, grad)
-  else
-    st = vpce_loss_and_grad(h, int(n, c_int64_t), c_loc(logits), c_loc(targets), c_loc(loss), c_loc(grad), &
-                            c_null_ptr, 1.0_c_double)
-  end if
-  !$acc end data
+  st = loss_and_grad(logits, grad)
   if (st /= VPCE_SUCCESS) then
     print *, vpce_last_error()
     call MPI_Abort(MPI_COMM_WORLD, 1, ierr)
@@ -91,6 +80,24 @@ program vpce_fortran_openacc_example
   if (any_fail /= 0) stop 1
 
 contains
+  ! The loss and gradient, on the device arrays when on_device. Explicit-shape dummies: use_device takes no
+  ! allocatable (gfortran 12).
+  integer(c_int) function loss_and_grad(x, g) result(status)
+    real(c_double), intent(in), target :: x(local, n)
+    real(c_double), intent(out), target :: g(local, n)
+    !$acc data copyin(x, targets) create(loss, g)
+    if (on_device) then
+      !$acc host_data use_device(x, targets, loss, g)
+      status = vpce_loss_and_grad(h, int(n, c_int64_t), c_loc(x), c_loc(targets), c_loc(loss), c_loc(g), &
+                                  c_null_ptr, 1.0_c_double)
+      !$acc end host_data
+      !$acc update self(loss, g)
+    else
+      status = vpce_loss_and_grad(h, int(n, c_int64_t), c_loc(x), c_loc(targets), c_loc(loss), c_loc(g), &
+                                  c_null_ptr, 1.0_c_double)
+    end if
+    !$acc end data
+  end function
   ! The target's logit of token i (every other logit is 0).
   real(c_double) function target_logit(i)
     integer, intent(in) :: i
