@@ -75,10 +75,13 @@ int main(int argc, char** argv) {
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   double mean32, mean16, worst = 0;
+  int64_t valid = 0;
   vpce_reduced_loss(h32, &mean32);
   vpce_reduced_loss(h16, &mean16);
+  vpce_num_valid(h32, &valid);
   for (int64_t k = 0; k < n * local; ++k) worst = fmax(worst, fabs(g32[k] - g16[k]));
   if (fabs(mean32 - mean16) > 1e-5 * fabs(mean32) || worst > 1e-6 || loss32[5] != 0.0f) fail = 1;
+  if (valid != n - 1) fail = 1; /* row 5 is ignored */
   /* Per row: the entropy lies in [0, log V], the target's log-prob is <= 0 (0 for the ignored row 5). */
   float ent32[16], ent16[16], lp32[16], lp16[16];
   if (vpce_entropy(h32, ent32) != VPCE_SUCCESS || vpce_entropy(h16, ent16) != VPCE_SUCCESS ||

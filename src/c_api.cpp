@@ -1,5 +1,6 @@
 // The C API: a handle holds a CrossEntropy on the host execution space, or (VPCE_MEMORY_DEVICE) on the default
 // one, over unmanaged Views of the caller's pointers.
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -44,6 +45,7 @@ struct HandleBase {
   /// entropy(), logprob() or z_loss_terms() of the last call into out.
   virtual void row_output(vpce::impl::RowOutput what, void* out) const = 0;
   virtual double reduced_loss() const = 0;
+  virtual std::int64_t num_valid() const = 0;
   virtual const vpce::VocabPartition& partition() const = 0;
 };
 
@@ -141,6 +143,7 @@ struct Handle final : HandleBase {
     Kokkos::deep_copy(Kokkos::View<T*, MS, Unmanaged>(static_cast<T*>(out), v.extent(0)), v);
   }
   double reduced_loss() const override { return ce.reduced_loss(); }
+  std::int64_t num_valid() const override { return ce.num_valid(); }
   const vpce::VocabPartition& partition() const override { return part; }
 
   vpce::VocabPartition part;
@@ -322,6 +325,13 @@ void vpce_options_default(vpce_options* o) {
 vpce_status vpce_initialize(void) {
   return guarded([&] {
     if (Kokkos::is_initialized()) return;
+#if defined(KOKKOS_ENABLE_OPENMP)
+    // Kokkos 3.4's OpenMP backend prints four lines of advice per rank when OMP_PROC_BIND is unset. With
+    // neither it nor OMP_PLACES set the OpenMP runtime binds no thread: say so, and nothing is printed. A value
+    // the user set is never replaced (and only the job's environment can bind: the runtime has read it).
+    if (std::getenv("OMP_PROC_BIND") == nullptr && std::getenv("OMP_PLACES") == nullptr)
+      setenv("OMP_PROC_BIND", "false", 0);  // NOLINT(concurrency-mt-unsafe): before any thread of ours runs
+#endif
     Kokkos::initialize();
     g_we_initialized_kokkos = true;
   });
@@ -449,6 +459,14 @@ vpce_status vpce_z_loss_terms(vpce_handle h, void* z_loss) {
   return guarded([&] {
     VPCE_CHECK_HANDLE(h);
     h->impl->row_output(vpce::impl::RowOutput::z_loss, z_loss);
+  });
+}
+
+vpce_status vpce_num_valid(vpce_handle h, int64_t* num_valid) {
+  return guarded([&] {
+    VPCE_CHECK_HANDLE(h);
+    VPCE_THROW_IF(num_valid == nullptr, "num_valid is NULL");
+    *num_valid = h->impl->num_valid();
   });
 }
 

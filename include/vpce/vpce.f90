@@ -35,6 +35,7 @@ module vpce
 
   public :: vpce_initialize, vpce_finalize, vpce_has_device, vpce_options_default, vpce_create_f, vpce_destroy
   public :: vpce_partition, vpce_forward, vpce_backward, vpce_loss_and_grad, vpce_lse, vpce_reduced_loss
+  public :: vpce_num_valid
   public :: vpce_entropy, vpce_logprob, vpce_z_loss_terms, vpce_set_class_weights
   public :: vpce_forward_probs, vpce_loss_and_grad_probs
   public :: vpce_linear_create_f, vpce_linear_destroy, vpce_linear_forward, vpce_linear_backward
@@ -129,6 +130,11 @@ module vpce
       import :: c_int, c_double, c_ptr
       type(c_ptr), value :: handle
       real(c_double), intent(out) :: loss
+    end function
+    integer(c_int) function vpce_num_valid(handle, num_valid) bind(c, name="vpce_num_valid")
+      import :: c_int, c_int64_t, c_ptr
+      type(c_ptr), value :: handle
+      integer(c_int64_t), intent(out) :: num_valid
     end function
     ! The fused LM head (vpce.h, vpce_linear_*): hidden(H, n_rows), weight(H, local_vocab), bias(local_vocab)
     ! or c_null_ptr, targets/loss(n_tokens); sequence_parallel = 1: hidden holds this rank's tokens only.

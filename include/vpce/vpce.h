@@ -4,10 +4,10 @@
  * memory of Kokkos' default execution space (e.g. CUDA device memory: the handle then runs there, with no
  * copy through the host; inputs must be ready when a call starts, e.g. after the caller's own asynchronous
  * work on them has been waited for, and outputs are complete when it returns); scalars returned through a
- * pointer (vpce_partition, the reduced losses) are always on the host. Arrays are row-major (C order): logits N x V_local, the gradient the same,
- * targets/loss/grad_loss/lse N. The loss, lse and grad_loss are double for VPCE_FLOAT64 logits and
- * float otherwise. The gradient is float (double for VPCE_FLOAT64) or, with options.grad_in_logits_type
- * set and 16-bit logits, in the logits' own 16-bit type.
+ * pointer (vpce_partition, vpce_num_valid, the reduced losses) are always on the host. Arrays are row-major
+ * (C order): logits N x V_local, the gradient the same, targets/loss/grad_loss/lse N. The loss, lse and
+ * grad_loss are double for VPCE_FLOAT64 logits and float otherwise. The gradient is float (double for
+ * VPCE_FLOAT64) or, with options.grad_in_logits_type set and 16-bit logits, in the logits' own 16-bit type.
  *
  * Every call returns a vpce_status; on failure vpce_last_error() gives the message (per thread). Calls
  * marked "collective" must be made by every rank of the communicator; they fail on every rank alike. */
@@ -53,7 +53,10 @@ void vpce_options_default(vpce_options* options);
 
 /* Kokkos for C and Fortran programs: vpce_initialize() initialises Kokkos unless the program already did
  * (call it after MPI_Init, before vpce_create); vpce_finalize() finalises Kokkos only if vpce_initialize()
- * initialised it (call it after the last vpce_destroy, before MPI_Finalize). */
+ * initialised it (call it after the last vpce_destroy, before MPI_Finalize). Where neither OMP_PROC_BIND nor
+ * OMP_PLACES is set, vpce_initialize() sets OMP_PROC_BIND=false first (what the OpenMP runtime does then
+ * anyway: threads unbound), so that Kokkos' OpenMP backend does not warn; set them in the job's environment
+ * to bind threads (e.g. OMP_PROC_BIND=spread OMP_PLACES=threads). */
 vpce_status vpce_initialize(void);
 vpce_status vpce_finalize(void);
 /* 1 if this build of vpce has a device backend (Kokkos' default execution space is CUDA, HIP, SYCL, ...:
@@ -103,6 +106,9 @@ vpce_status vpce_entropy(vpce_handle handle, void* entropy);
 vpce_status vpce_logprob(vpce_handle handle, void* logprob);
 vpce_status vpce_z_loss_terms(vpce_handle handle, void* z_loss);
 vpce_status vpce_reduced_loss(vpce_handle handle, double* loss);
+/* The number of rows of the last call whose target is not ignore_index (the mean's divisor without class
+ * weights). */
+vpce_status vpce_num_valid(vpce_handle handle, int64_t* num_valid);
 
 /* The fused LM head (vpce::LinearCrossEntropy, vpce/linear_cross_entropy.hpp): the loss of the logits
  * hidden x weight^T + bias without ever holding them whole. Needs vpce built with Kokkos Kernels; without it
