@@ -7,11 +7,13 @@
     same total number of threads;
   * single-process torch.logsumexp over one rank's logits (N x V_local) with the same total number of
     threads: the floor of a forward pass in PyTorch (compare with vpce's forward at --ranks 1);
-  * vpce's benchmark (vpce_perf) under mpirun at the same rank count.
+  * vpce's benchmark (vpce_perf) under mpirun at the same rank count;
+  * with --python-path (the folder holding the vpce package, e.g. build/python): vpce.torch's forward+backward
+    (perf_tests/python_perf.py under mpirun at the same rank count), the drop-in for the seed's algorithm.
 
 Prints the medians and the ratios. Needs Debian's python3-torch. Usage:
   /usr/bin/python3 perf_tests/compare_torch.py --vpce-perf build/perf_tests/vpce_perf --ranks 2 --threads 2 \
-      --tokens 4096 --vocab-local 32768 [--reps 5] [--json out.json]
+      --tokens 4096 --vocab-local 32768 [--reps 5] [--python-path build/python] [--json out.json]
 """
 import argparse
 import json
@@ -132,6 +134,19 @@ def vpce(args):
             return {r["name"]: r["ms_median"] for r in json.load(f)}
 
 
+def vpce_torch(args):
+    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, args.threads // args.ranks)), OMP_PROC_BIND="false",
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONPATH=args.python_path)
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "python_perf.py")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "python.json")
+        cmd = ["mpirun", "-np", str(args.ranks), "--oversubscribe", sys.executable, script, "--tokens",
+               str(args.tokens), "--vocab-local", str(args.vocab_local), "--rounds", str(args.reps), "--json", out]
+        subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+        with open(out) as f:
+            return json.load(f)["ms"]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vpce-perf", required=True)
@@ -140,10 +155,12 @@ def main():
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--vocab-local", type=int, default=32768)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--python-path", help="the folder holding the vpce Python package (e.g. build/python)")
     ap.add_argument("--json")
     args = ap.parse_args()
 
     v = vpce(args)
+    py = vpce_torch(args) if args.python_path else None
     seed_ms = torch_seed(args)
     ce_ms = torch_cross_entropy(args)
     lse_ms = torch_logsumexp(args)
@@ -157,11 +174,16 @@ def main():
         ("vpce forward/fused/recompute", v["forward/fused/recompute"]),
         (f"PyTorch torch.logsumexp, 1 process, {args.tokens} x {args.vocab_local}", lse_ms),
     ]
+    if py:
+        rows.insert(4, ("vpce.torch fwd+bwd (recompute)", py["torch_fwd_bwd"]))
+        rows.insert(5, ("vpce Python loss_and_grad (outputs given)", py["python"]))
     print(f"{args.ranks} rank(s), {args.threads} thread(s) in all, {args.tokens} tokens, V_local {args.vocab_local}, float32")
     print(f"{'':58s} {'ms':>9s} {'x vpce loss_and_grad':>21s}")
     base = v["loss_and_grad/fused"]
     for name, ms in rows:
         print(f"{name:58s} {ms:9.1f} {ms / base:21.2f}")
+    if py:
+        print(f"PyTorch seed algorithm / vpce.torch fwd+bwd: {seed_ms / py['torch_fwd_bwd']:.2f}")
     print(f"torch.logsumexp / vpce forward: {lse_ms / v['forward/fused/recompute']:.2f} "
           f"(at --ranks 1 both read the same N x V_local with the same threads)")
     if args.json:

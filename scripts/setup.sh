@@ -17,6 +17,10 @@
 #   VPCE_BUILD_TYPE CMake build type (default: Release; Debug with VPCE_SANITIZE=1)
 #   VPCE_CMAKE_ARGS extra arguments for vpce's CMake configure (default: -DVPCE_ENABLE_NATIVE=ON, the
 #                   kernels compiled for this machine's CPU; the build folder is never shared between machines)
+# The Python package (python/) is built against a virtual environment in $VPCE_CACHE/python-env: Debian's
+# python3 with its packages (numpy, mpi4py, pytest, torch) plus nanobind and scikit-build-core from PyPI. Not
+# with VPCE_MPI=mpich (Debian's mpi4py is built on OpenMPI) nor VPCE_SANITIZE=1 (Python itself is not
+# instrumented).
 # Source it (scripts/demo.sh and scripts/test.sh do) or run it.
 set -euo pipefail
 
@@ -46,7 +50,8 @@ install_packages() {
               libbenchmark-dev libhdf5-openmpi-dev hdf5-tools libopenblas-dev python3 python3-numpy python3-h5py gfortran
               clang libclang-rt-14-dev clang-tidy  # clang + libFuzzer: vpce_tool_fuzz; clang-tidy: vpce_clang_tidy
               g++-aarch64-linux-gnu  # vpce_vectorized's aarch64 (NEON) target
-              ccache)  # compiler cache in $VPCE_CACHE/ccache: repeated builds (CI on an unchanged tree) are fast
+              ccache  # compiler cache in $VPCE_CACHE/ccache: repeated builds (CI on an unchanged tree) are fast
+              python3-dev python3-venv python3-mpi4py python3-pytest python3-torch)  # the Python package, its tests
   [ "$VPCE_MPI" = mpich ] && pkgs+=(libmpich-dev mpich libhdf5-mpich-dev)
   local missing=()
   for p in "${pkgs[@]}"; do
@@ -122,8 +127,28 @@ build_kokkos() {
   rm -rf "$work"
 }
 
+# Debian's python3 and its packages, plus what PyPI has and Debian 12 lacks (nanobind; scikit-build-core for
+# `pip install .`), pinned: a virtual environment in the cache, made again when missing.
+PYTHON_ENV=$VPCE_CACHE/python-env-nanobind-3.1.0-skbuild-1.1.2
+python_env() {
+  if [ -x "$PYTHON_ENV/bin/python" ] && [ -f "$PYTHON_ENV/.complete" ]; then
+    log "Python environment cached in $PYTHON_ENV"
+    return
+  fi
+  log "making the Python environment $PYTHON_ENV (nanobind, scikit-build-core from PyPI)"
+  rm -rf "$PYTHON_ENV"
+  /usr/bin/python3 -m venv --system-site-packages "$PYTHON_ENV"
+  "$PYTHON_ENV/bin/pip" install -q --disable-pip-version-check nanobind==3.1.0 scikit-build-core==1.1.2
+  touch "$PYTHON_ENV/.complete"
+}
+
 configure_vpce() {
   local args=(-DCMAKE_BUILD_TYPE="$VPCE_BUILD_TYPE")
+  if [ "$VPCE_MPI" = mpich ] || [ "$VPCE_SANITIZE" = 1 ]; then
+    args+=(-DVPCE_ENABLE_PYTHON=OFF)
+  else
+    args+=(-DVPCE_ENABLE_PYTHON=ON -DPython_EXECUTABLE="$PYTHON_ENV/bin/python")
+  fi
   if [ -n "${Kokkos_ROOT:-}" ]; then
     args+=(-DKokkos_ROOT="$Kokkos_ROOT")
     [ -n "${KokkosKernels_ROOT:-}" ] && args+=(-DKokkosKernels_ROOT="$KokkosKernels_ROOT")
@@ -180,6 +205,7 @@ fi
 
 install_packages
 [ -n "${Kokkos_ROOT:-}" ] || build_kokkos
+[ "$VPCE_MPI" = mpich ] || [ "$VPCE_SANITIZE" = 1 ] || python_env
 configure_vpce
 if [ "$VPCE_SANITIZE" = 1 ]; then
   # After Kokkos' build (never instrumented): what the tests build against the installed package (the

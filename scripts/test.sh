@@ -12,7 +12,8 @@
 #            installed when missing), Debug: unit tests at 1 and 2 ranks; the tool's suites at 1 and 2
 #            ranks and loss at 3 (not faults, nor linear at 2: they kill a rank, see below); examples
 #            (C at 3 ranks); install test; GPU-aware path; determinism at 2 ranks.
-#   Neither extra configuration runs clang-tidy, the vectorisation check (vpce_vectorized), the fuzzer or the >2^31-logit test, nor builds the
+#   Neither extra configuration builds the Python package (setup.sh) nor runs clang-tidy, the vectorisation
+#   check (vpce_vectorized), the fuzzer or the >2^31-logit test, nor builds the
 #   benchmark (vpce_perf). VPCE_TEST_FULL=1 runs every test in every configuration.
 #
 # Usage: scripts/test.sh [--config NAME]... [extra ctest arguments, passed to every configuration]
