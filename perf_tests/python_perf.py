@@ -5,8 +5,11 @@
     adds: the argument checks, their agreement across ranks, the GIL released and taken);
   * python_alloc: the same with the loss and gradient allocated by each call (numpy);
   * torch_fwd_bwd: vpce.torch.vocab_parallel_cross_entropy forward + .sum().backward() on a torch tensor
-    (recompute mode: the backward recomputes the softmax), each call timed alone: the figure to compare with
-    Megatron's algorithm (perf_tests/compare_torch.py runs this script for it).
+    (recompute mode: the backward recomputes the softmax into a new tensor), each call timed alone: the figure
+    to compare with Megatron's algorithm (perf_tests/compare_torch.py runs this script for it);
+  * torch_fwd_bwd_inplace: the same with inplace=True (the gradient over the logits, as Megatron writes it);
+  * torch_fwd_bwd_stash_inplace: inplace=True, mode="stash_softmax": loss and gradient in one pass in the
+    forward; the backward's incoming gradient is all ones (.sum()), so it has nothing left to do.
 
 --rounds rounds of the first three, alternately; milliseconds per call of the median round (the slowest rank's
 time). Rank 0 prints them and the ratios to native, and writes --json. Usage:
@@ -85,17 +88,24 @@ def main():
         x = torch.from_numpy(logits).requires_grad_()
         t = torch.from_numpy(targets)
 
-        def fwd_bwd():
+        def fwd_bwd(**kw):
             x.grad = None
-            vpce.torch.vocab_parallel_cross_entropy(x, t, comm).sum().backward()
+            # inplace: the gradient lands in the buffer of the logits (a view of x here, so x's own data: the
+            # values change from step to step, the work does not)
+            logits = x.view_as(x) if kw.get("inplace") else x
+            vpce.torch.vocab_parallel_cross_entropy(logits, t, comm, **kw).sum().backward()
 
-        ms["torch_fwd_bwd"] = median_ms(comm, fwd_bwd, args.rounds * args.calls)
+        reps = args.rounds * args.calls
+        ms["torch_fwd_bwd"] = median_ms(comm, fwd_bwd, reps)
+        ms["torch_fwd_bwd_inplace"] = median_ms(comm, lambda: fwd_bwd(inplace=True), reps)
+        ms["torch_fwd_bwd_stash_inplace"] = median_ms(comm, lambda: fwd_bwd(inplace=True, mode="stash_softmax"), reps)
     if comm.Get_rank() == 0:
         print(f"{comm.Get_size()} rank(s), N = {n}, V_local = {v}, float32; median ms (slowest rank)")
         for name, value in ms.items():
-            print(f"  {name:14s} {value:9.2f}  x native {value / ms['native']:.4f}")
-        print(f"  Python call overhead: {100 * (ms['python'] / ms['native'] - 1):+.2f} % "
-              f"(allocating the outputs: {100 * (ms['python_alloc'] / ms['native'] - 1):+.2f} %)")
+            print(f"  {name:28s} {value:10.3f}  x native {value / ms['native']:.4f}")
+        print(f"  Python call overhead: {1e3 * (ms['python'] - ms['native']):+.1f} us per call, "
+              f"{100 * (ms['python'] / ms['native'] - 1):+.2f} % (allocating the outputs: "
+              f"{100 * (ms['python_alloc'] / ms['native'] - 1):+.2f} %)")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"args": vars(args), "ranks": comm.Get_size(), "ms": ms}, f, indent=1)

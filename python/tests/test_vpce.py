@@ -205,6 +205,31 @@ def test_torch_matches_reference(comm):
                                rtol=2e-2, atol=1e-4)
 
 
+@pytest.mark.parametrize("mode", ["recompute", "stash_softmax"])
+def test_torch_inplace(comm, mode):
+    """inplace=True: the gradient in the logits' own buffer (Megatron's way), for a per-token and a uniform
+    incoming gradient; a second backward through the same call is refused."""
+    import vpce.torch
+
+    sizes = partition(comm, "uneven")
+    z, local, targets, begin = problem(comm, sizes, n=8, seed=4)
+    cols = slice(begin, begin + sizes[comm.Get_rank()])
+    t = torch.tensor(targets).clamp(min=0)
+    for weights in (torch.linspace(0.5, 2.0, len(targets), dtype=torch.float32), torch.ones(len(targets))):
+        want_loss, _, want_grad = reference(z, t.numpy(), z_loss=1e-3, grad_loss=weights.double().numpy())
+        leaf = torch.tensor(local, dtype=torch.float32, requires_grad=True)
+        logits = leaf * 1.0  # an intermediate, as a matmul's output is
+        loss = vpce.torch.vocab_parallel_cross_entropy(logits, t, comm, inplace=True, z_loss=1e-3, mode=mode)
+        torch.testing.assert_close(loss.double(), torch.tensor(want_loss), rtol=1e-5, atol=1e-5)
+        ptr = logits.data_ptr()
+        loss.backward(weights, retain_graph=True)
+        torch.testing.assert_close(leaf.grad.double(), torch.tensor(want_grad[:, cols]), rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(logits.detach().double(), torch.tensor(want_grad[:, cols]), rtol=1e-4, atol=1e-6)
+        assert logits.data_ptr() == ptr
+        with pytest.raises(RuntimeError, match="second backward"):
+            loss.backward(weights)
+
+
 def _same_error_everywhere(comm, call):
     """call() raises vpce.Error on every rank, with the same message; returns it."""
     try:

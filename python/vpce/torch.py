@@ -6,8 +6,8 @@
 Megatron's calling convention (this rank's logits ``[..., V_local]`` for its consecutive slice of the vocabulary,
 global target ids, per-token losses back, ``label_smoothing``), with the tensor-parallel group given as an mpi4py
 communicator (default: the one set with ``set_default_comm``, else ``MPI.COMM_WORLD``). The logits are not
-modified (Megatron's function overwrites them with the softmax). bfloat16 and float16 logits get their
-gradient in their own type, the loss in float32.
+modified (Megatron's function overwrites them with the softmax) unless ``inplace=True`` asks for the gradient in
+their buffer. bfloat16 and float16 logits get their gradient in their own type, the loss in float32.
 
 mode="recompute" (default): the forward keeps only lse per row (and holds on to the logits, which autograd keeps
 anyway); the backward recomputes the softmax from them: one read and one write of the logits' size.
@@ -44,18 +44,23 @@ def _handle(comm, v_local, dtype, device, options):
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, target, comm, options):
+    def forward(ctx, logits, target, comm, inplace, options):
         if logits.dtype not in _DTYPES:
             raise TypeError(f"vocab_parallel_cross_entropy: logits of {logits.dtype} (float32, float64, bfloat16 "
                             "or float16 expected)")
         device = "cuda" if logits.is_cuda else "cpu"
         ce = _handle(comm, logits.shape[-1], _DTYPES[logits.dtype], device, options)
         x = logits.contiguous()  # a view when it already is: no copy
+        if inplace and x.data_ptr() != logits.data_ptr():
+            raise ValueError("vocab_parallel_cross_entropy(inplace=True) needs contiguous logits")
         t = target.to(torch.int64).contiguous()
-        ctx.ce, ctx.stash = ce, dict(options).get("mode") == "stash_softmax"
+        ctx.ce, ctx.inplace, ctx.stash = ce, inplace, dict(options).get("mode") == "stash_softmax"
         if ctx.stash:
-            loss, grad = ce.loss_and_grad(x, t)
-            ctx.save_for_backward(grad)
+            loss, grad = ce.loss_and_grad(x, t, grad=x if inplace else None)
+            if inplace:  # the logits now hold the gradient (as Megatron's hold the softmax): kept unversioned
+                ctx.grad = grad
+            else:
+                ctx.save_for_backward(grad)
         else:
             loss = ce.forward(x, t)
             ctx.save_for_backward(x, t)
@@ -66,23 +71,37 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_output):
         ce = ctx.ce
         g = grad_output.to(torch.float64 if ce.dtype == "float64" else torch.float32).contiguous()
+        if ctx.inplace:
+            if getattr(ctx, "done", False):
+                raise RuntimeError("vocab_parallel_cross_entropy(inplace=True): a second backward through the "
+                                   "same call (the logits' buffer already holds the gradient)")
+            ctx.done = True
         if ctx.stash:
-            (grad,) = ctx.saved_tensors
-            # Out of place: a graph kept for a second backward (retain_graph) still holds it unscaled.
-            return grad * g.unsqueeze(-1), None, None, None
+            grad = ctx.grad if ctx.inplace else ctx.saved_tensors[0]
+            if bool((g == 1).all()):  # e.g. loss.sum().backward(): the stored gradient is the answer
+                return (grad if ctx.inplace else grad.clone()), None, None, None, None
+            # Otherwise scaled: in place into the logits' buffer, or into a new tensor (a graph kept for a
+            # second backward, retain_graph, still holds the stored one unscaled).
+            return (grad.mul_(g.unsqueeze(-1)) if ctx.inplace else grad * g.unsqueeze(-1)), None, None, None, None
         x, t = ctx.saved_tensors
         if ce.generation != ctx.generation:  # another forward used the handle since: this one's state again
             ce.forward(x, t)
-        return ce.backward(g), None, None, None
+        return ce.backward(g, out=x if ctx.inplace else None), None, None, None, None
 
 
-def vocab_parallel_cross_entropy(vocab_parallel_logits, target, comm=None, label_smoothing=0.0, **options):
+def vocab_parallel_cross_entropy(vocab_parallel_logits, target, comm=None, label_smoothing=0.0, inplace=False,
+                                 **options):
     """Per-token cross entropy of logits split over the vocabulary across the ranks of `comm`.
 
     vocab_parallel_logits: [..., V_local] (this rank's slice; ranks own consecutive slices in rank order, any
     sizes); target: [...] global ids (int64, or any integer type), the same on every rank. Returns [...] losses
     (float32; float64 for float64 logits). Collective over `comm` (forward and, after another forward on the
-    same configuration, backward)."""
+    same configuration, backward).
+
+    inplace=True: the gradient is written over the logits' own buffer and returned as their gradient, as
+    Megatron's function does (no N x V_local tensor is allocated: a fresh one costs its page faults on every
+    step). Only when nothing else reads the logits after the loss; with mode="stash_softmax" the logits are
+    overwritten in the forward already. One backward per call."""
     if comm is None:
         if _default_comm is None:
             from mpi4py import MPI
@@ -96,4 +115,4 @@ def vocab_parallel_cross_entropy(vocab_parallel_logits, target, comm=None, label
     if "reduction" in options:
         raise TypeError("vocab_parallel_cross_entropy returns per-token losses: reduce them yourself")
     opts = tuple(sorted(dict(options, label_smoothing=float(label_smoothing)).items()))
-    return _VocabParallelCrossEntropy.apply(vocab_parallel_logits, target, comm, opts)
+    return _VocabParallelCrossEntropy.apply(vocab_parallel_logits, target, comm, bool(inplace), opts)
