@@ -117,7 +117,7 @@ class CrossEntropy {
   CrossEntropy(int comm_f, std::int64_t local_vocab, int dtype, const vpce_options& opt)
       : m_comm(MPI_Comm_f2c(comm_f)), m_dtype(static_cast<vpce_dtype>(dtype)), m_local(local_vocab),
         m_grad_16(opt.grad_in_logits_type != 0 && (m_dtype == VPCE_BFLOAT16 || m_dtype == VPCE_FLOAT16)),
-        m_device(opt.memory_space == VPCE_MEMORY_DEVICE) {
+        m_device(opt.memory_space == VPCE_MEMORY_DEVICE), m_probs(opt.probability_targets != 0) {
     check(vpce_create(m_comm.comm(), local_vocab, m_dtype, &opt, &m_handle));
   }
   ~CrossEntropy() { close(); }
@@ -133,11 +133,12 @@ class CrossEntropy {
   void forward(const In& logits, const In& targets, const Out& loss) {
     Checks c;
     const std::int64_t n = check_logits(c, logits);
-    check_rows(c, "targets", targets, n, dl_type(nb::dlpack::dtype_code::Int, 64));
+    check_targets(c, targets, n);
     check_rows(c, "loss", loss, n, loss_type());
     agree(c);
     m_rows = n;
     nb::gil_scoped_release unlocked;
+    if (m_probs) return check(vpce_forward_probs(handle(), n, data(logits), data(targets), data(loss)));
     check(vpce_forward(handle(), n, data(logits), static_cast<const std::int64_t*>(data(targets)), data(loss)));
   }
 
@@ -154,20 +155,24 @@ class CrossEntropy {
                      const std::optional<In>& grad_loss, double scale) {
     Checks c;
     const std::int64_t n = check_logits(c, logits);
-    check_rows(c, "targets", targets, n, dl_type(nb::dlpack::dtype_code::Int, 64));
+    check_targets(c, targets, n);
     check_rows(c, "loss", loss, n, loss_type());
     check_grad(c, grad, n);
     if (grad_loss) check_rows(c, "grad_loss", *grad_loss, n, loss_type());
     agree(c);
     m_rows = n;
     nb::gil_scoped_release unlocked;
+    void* gl = grad_loss ? data(*grad_loss) : nullptr;
+    if (m_probs)
+      return check(vpce_loss_and_grad_probs(handle(), n, data(logits), data(targets), data(loss), data(grad), gl, scale));
     check(vpce_loss_and_grad(handle(), n, data(logits), static_cast<const std::int64_t*>(data(targets)), data(loss),
-                             data(grad), grad_loss ? data(*grad_loss) : nullptr, scale));
+                             data(grad), gl, scale));
   }
 
   /// The benchmark's measure of what the Python layer adds: `reps` loss_and_grad calls (scale 1) made here,
   /// after checking the arguments once; the seconds they took.
   double time_loss_and_grad(const In& logits, const In& targets, const Out& loss, const Out& grad, int reps) {
+    if (m_probs) throw Failure("vpce: the benchmark hook takes target ids");
     loss_and_grad(logits, targets, loss, grad, std::nullopt, 1.0);
     nb::gil_scoped_release unlocked;
     const double t0 = MPI_Wtime();
@@ -177,12 +182,32 @@ class CrossEntropy {
     return MPI_Wtime() - t0;
   }
 
-  /// lse of the last call into `out` (N values of the loss's type). Local: no agreement needed.
-  void lse(const Out& out) {
+  /// A per-row output of the last call into `out` (N values of the loss's type): "lse", "entropy", "logprob"
+  /// or "z_loss". Local: no agreement needed.
+  void row_output(const std::string& what, const Out& out) {
     Checks c;
     check_rows(c, "out", out, m_rows, loss_type());
     if (!c.error.empty()) throw Failure("vpce: " + c.error);
-    check(vpce_lse(handle(), data(out)));
+    vpce_status (*get)(vpce_handle, void*) = what == "lse"       ? vpce_lse
+                                             : what == "entropy" ? vpce_entropy
+                                             : what == "logprob" ? vpce_logprob
+                                             : what == "z_loss"  ? vpce_z_loss_terms
+                                                                 : nullptr;
+    if (get == nullptr) throw Failure("vpce: unknown row output " + what);
+    check(get(handle(), data(out)));
+  }
+
+  /// Collective: class weights from this rank's V_local values (the loss's type), or none (every rank).
+  void set_class_weights(const std::optional<In>& weights) {
+    Checks c;
+    if (weights) {
+      check_array(c, "weights", *weights, loss_type());
+      c.require(std::int64_t(weights->size()) == m_local, "weights has " + std::to_string(weights->size()) +
+                                                              " values, expected V_local = " + std::to_string(m_local));
+    }
+    agree(c);
+    nb::gil_scoped_release unlocked;
+    check(vpce_set_class_weights(handle(), weights ? data(*weights) : nullptr));
   }
 
   double reduced_loss() const {
@@ -242,6 +267,14 @@ class CrossEntropy {
     c.require(std::int64_t(a.size()) == n,
               std::string(what) + " has " + std::to_string(a.size()) + " values, expected N = " + std::to_string(n));
   }
+  /// Target ids (N int64 values), or with probability targets an array of the logits' type and shape.
+  void check_targets(Checks& c, const In& t, std::int64_t n) const {
+    if (!m_probs) return check_rows(c, "targets", t, n, dl_type(nb::dlpack::dtype_code::Int, 64));
+    check_array(c, "target probabilities", t, dl_type(m_dtype));
+    c.require(t.ndim() >= 1 && std::int64_t(t.shape(t.ndim() - 1)) == m_local && std::int64_t(t.size()) == n * m_local,
+              "target probabilities have shape " + shape_of(t) + ", expected the logits' (N = " + std::to_string(n) +
+                  " rows of " + std::to_string(m_local) + ")");
+  }
   void check_grad(Checks& c, const Out& g, std::int64_t n) const {
     check_array(c, "grad", g, grad_type());
     c.require(g.ndim() >= 1 && std::int64_t(g.shape(g.ndim() - 1)) == m_local &&
@@ -262,6 +295,7 @@ class CrossEntropy {
   std::int64_t m_local;
   bool m_grad_16;
   bool m_device;
+  bool m_probs;  // targets are probabilities, [..., V_local] in the logits' type
   vpce_handle m_handle = nullptr;
   std::int64_t m_rows = 0;
 };
@@ -285,7 +319,7 @@ NB_MODULE(_vpce, m) {
           [](CrossEntropy* self, int comm_f, std::int64_t local_vocab, int dtype, int strategy, int mode,
              bool nan_is_error, std::int64_t ignore_index, int reduction, double label_smoothing, double z_loss,
              double logit_scale, double softcap, bool grad_in_logits_type, bool entropy, double entropy_weight,
-             bool device) {
+             bool probability_targets, bool device) {
             vpce_options o;
             vpce_options_default(&o);
             o.strategy = strategy;
@@ -300,6 +334,7 @@ NB_MODULE(_vpce, m) {
             o.grad_in_logits_type = grad_in_logits_type ? 1 : 0;
             o.entropy = entropy ? 1 : 0;
             o.entropy_weight = entropy_weight;
+            o.probability_targets = probability_targets ? 1 : 0;
             o.memory_space = device ? VPCE_MEMORY_DEVICE : VPCE_MEMORY_HOST;
             nb::gil_scoped_release unlocked;  // collective: other Python threads may run meanwhile
             new (self) CrossEntropy(comm_f, local_vocab, dtype, o);
@@ -307,13 +342,14 @@ NB_MODULE(_vpce, m) {
           nb::arg("comm_f"), nb::arg("local_vocab"), nb::arg("dtype"), nb::arg("strategy"), nb::arg("mode"),
           nb::arg("nan_is_error"), nb::arg("ignore_index"), nb::arg("reduction"), nb::arg("label_smoothing"),
           nb::arg("z_loss"), nb::arg("logit_scale"), nb::arg("softcap"), nb::arg("grad_in_logits_type"),
-          nb::arg("entropy"), nb::arg("entropy_weight"), nb::arg("device"))
+          nb::arg("entropy"), nb::arg("entropy_weight"), nb::arg("probability_targets"), nb::arg("device"))
       .def("close", &CrossEntropy::close)
       .def("forward", &CrossEntropy::forward, nb::arg("logits"), nb::arg("targets"), nb::arg("loss"))
       .def("backward", &CrossEntropy::backward, nb::arg("grad_loss").none(), nb::arg("scale"), nb::arg("grad"))
       .def("loss_and_grad", &CrossEntropy::loss_and_grad, nb::arg("logits"), nb::arg("targets"), nb::arg("loss"),
            nb::arg("grad"), nb::arg("grad_loss").none(), nb::arg("scale"))
-      .def("lse", &CrossEntropy::lse, nb::arg("out"))
+      .def("row_output", &CrossEntropy::row_output, nb::arg("what"), nb::arg("out"))
+      .def("set_class_weights", &CrossEntropy::set_class_weights, nb::arg("weights").none())
       .def("time_loss_and_grad", &CrossEntropy::time_loss_and_grad, nb::arg("logits"), nb::arg("targets"),
            nb::arg("loss"), nb::arg("grad"), nb::arg("reps"))
       .def("reduced_loss", &CrossEntropy::reduced_loss)

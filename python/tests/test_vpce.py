@@ -230,6 +230,59 @@ def test_torch_inplace(comm, mode):
             loss.backward(weights)
 
 
+@pytest.mark.parametrize("kind", ["uneven", "empty"])
+def test_weights_probabilities_and_row_outputs(comm, kind):
+    """Class weights and probability targets against PyTorch's own F.cross_entropy over the gathered vocabulary
+    (float64); the per-row outputs (entropy, target log-prob, z-loss terms) against their definitions."""
+    import torch.nn.functional as F
+
+    sizes = partition(comm, kind)
+    z, local, targets, begin = problem(comm, sizes, n=10, seed=5)
+    cols = slice(begin, begin + sizes[comm.Get_rank()])
+    zt = torch.tensor(z, requires_grad=True)
+    t = torch.tensor(targets)
+    weights = np.random.default_rng(6).uniform(0.5, 2.0, size=sum(sizes))
+
+    ce = vpce.CrossEntropy(comm, sizes=sizes, dtype="float64", reduction="mean", z_loss=1e-2, entropy=True)
+    ce.set_class_weights(np.ascontiguousarray(weights[cols]))
+    ce.loss_and_grad(local, targets)
+    lse = torch.logsumexp(zt, 1)
+    valid = t != -100
+    zterm = torch.where(valid, 1e-2 * lse**2, torch.zeros_like(lse))
+    np.testing.assert_allclose(ce.z_loss_terms, zterm.detach().numpy(), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(ce.lse, lse.detach().numpy(), rtol=1e-12)
+    logp = torch.log_softmax(zt, 1)
+    want_lp = torch.where(valid, logp.gather(1, t.clamp(min=0)[:, None])[:, 0], torch.zeros_like(lse))
+    np.testing.assert_allclose(ce.logprob, want_lp.detach().numpy(), rtol=1e-12, atol=1e-14)
+    ent = -(logp.exp() * logp).sum(1)
+    np.testing.assert_allclose(ce.entropy, ent.detach().numpy(), rtol=1e-10)
+    ce.set_class_weights(None)
+    loss = ce.forward(local, targets)
+    np.testing.assert_allclose(loss, (F.cross_entropy(zt, t, reduction="none") + zterm).detach().numpy(), rtol=1e-12)
+
+    wce = vpce.CrossEntropy(comm, sizes=sizes, dtype="float64", reduction="mean")
+    wce.set_class_weights(np.ascontiguousarray(weights[cols]))
+    loss, grad = wce.loss_and_grad(local, targets)
+    want = F.cross_entropy(zt, t, weight=torch.tensor(weights), reduction="none")
+    mean = F.cross_entropy(zt, t, weight=torch.tensor(weights), reduction="mean")
+    mean.backward()
+    np.testing.assert_allclose(loss, want.detach().numpy(), rtol=1e-12, atol=1e-14)
+    assert wce.reduced_loss == pytest.approx(mean.item(), rel=1e-12)
+    np.testing.assert_allclose(grad, zt.grad.numpy()[:, cols], rtol=1e-10, atol=1e-14)
+
+    q = np.random.default_rng(7).dirichlet(np.ones(sum(sizes)), size=len(targets))
+    pce = vpce.CrossEntropy(comm, sizes=sizes, dtype="float64", probability_targets=True, label_smoothing=0.1)
+    loss, grad = pce.loss_and_grad(local, np.ascontiguousarray(q[:, cols]))
+    zt.grad = None
+    want = F.cross_entropy(zt, torch.tensor(q), label_smoothing=0.1, reduction="none")
+    want.sum().backward()
+    assert loss.shape == (len(targets),)
+    np.testing.assert_allclose(loss, want.detach().numpy(), rtol=1e-12)
+    np.testing.assert_allclose(grad, zt.grad.numpy()[:, cols], rtol=1e-10, atol=1e-14)
+    msg = _same_error_everywhere(comm, lambda: pce.forward(local, targets))
+    assert "target probabilities" in msg
+
+
 def _same_error_everywhere(comm, call):
     """call() raises vpce.Error on every rank, with the same message; returns it."""
     try:

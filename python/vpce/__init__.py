@@ -41,6 +41,7 @@ _OPTIONS = {  # name: (default, converter)
     "grad_in_logits_type": (False, bool),
     "entropy": (False, bool),
     "entropy_weight": (0.0, float),
+    "probability_targets": (False, bool),
 }
 
 _live = _weakref.WeakSet()  # every open CrossEntropy: closed before Kokkos is finalised at exit
@@ -106,10 +107,14 @@ class CrossEntropy:
         gradients are float64 for float64 logits and float32 otherwise; the gradient too, unless
         grad_in_logits_type=True (16-bit logits: the gradient in their own type, which allows it in place).
     device: "cpu" (host arrays) or "cuda" (arrays in the memory of the GPU Kokkos runs on; a build of vpce on a
-        CUDA Kokkos, vpce.has_device()). Every array of every call must be there.
+        CUDA Kokkos, vpce.has_device()). Every array of every call must be there, and ready: vpce runs on
+        Kokkos' stream, so synchronise the stream that produced them first (vpce.torch does); its outputs are
+        complete when a call returns.
     Options (vpce::Options, docs/design.md): strategy ("fused", "seed"), mode ("recompute",
         "stash_softmax"), non_finite ("error", "propagate"), ignore_index (-100), reduction ("none", "sum",
-        "mean"), label_smoothing, z_loss, logit_scale, softcap, entropy, entropy_weight.
+        "mean"), label_smoothing, z_loss, logit_scale, softcap, entropy, entropy_weight, probability_targets
+        (the calls' targets are then probabilities: an array of the logits' type and shape, each row >= 0
+        summing to 1 over the global vocabulary).
     """
 
     def __init__(self, comm, local_vocab=None, sizes=None, dtype="float32", device="cpu", **options):
@@ -141,7 +146,8 @@ class CrossEntropy:
         self._ce = _vpce.CrossEntropy(
             comm.py2f(), int(local_vocab), _DTYPES[dtype], args["strategy"], args["mode"], args["non_finite"],
             args["ignore_index"], args["reduction"], args["label_smoothing"], args["z_loss"], args["logit_scale"],
-            args["softcap"], args["grad_in_logits_type"], args["entropy"], args["entropy_weight"], device == "cuda")
+            args["softcap"], args["grad_in_logits_type"], args["entropy"], args["entropy_weight"],
+            args["probability_targets"], device == "cuda")
         self.begin, self.local_vocab, self.vocab = self._ce.partition()
         self._loss_type = "float64" if dtype == "float64" else "float32"
         self._grad_type = dtype if args["grad_in_logits_type"] and dtype in ("bfloat16", "float16") else self._loss_type
@@ -158,7 +164,7 @@ class CrossEntropy:
         """Per-token losses (shape of `targets`; reduction none), keeping what backward needs (recompute mode:
         the logits must stay unchanged until then). Collective."""
         alloc = _allocator(logits)
-        loss = out if out is not None else alloc(tuple(targets.shape), self._loss_type)
+        loss = out if out is not None else alloc(self._loss_shape(targets), self._loss_type)
         self.generation += 1
         self._ce.forward(logits, targets, loss)
         self._alloc, self._shape = alloc, tuple(logits.shape)
@@ -181,7 +187,7 @@ class CrossEntropy:
         """(per-token losses, gradient) in one call: the training step. grad may be the logits themselves
         (in place: float32/float64 logits, or 16-bit ones with grad_in_logits_type). Collective."""
         alloc = _allocator(logits)
-        loss = loss if loss is not None else alloc(tuple(targets.shape), self._loss_type)
+        loss = loss if loss is not None else alloc(self._loss_shape(targets), self._loss_type)
         grad = grad if grad is not None else alloc(tuple(logits.shape), self._grad_type)
         self.generation += 1
         if isinstance(grad_loss, (int, float)):
@@ -191,14 +197,40 @@ class CrossEntropy:
         self._alloc, self._shape = alloc, tuple(logits.shape)
         return loss, grad
 
+    def _loss_shape(self, targets):
+        return tuple(targets.shape[:-1] if self.options["probability_targets"] else targets.shape)
+
+    def _row_output(self, what):
+        if self._alloc is None:
+            raise Error(f"vpce: {what} before any call")
+        out = self._alloc((self._ce.rows(),), self._loss_type)
+        self._ce.row_output(what, out)
+        return out
+
     @property
     def lse(self):
         """log(sum_j exp(x_j)) over the global vocabulary, per row of the last call (a flat array)."""
-        if self._alloc is None:
-            raise Error("vpce: lse before any call")
-        out = self._alloc((self._ce.rows(),), self._loss_type)
-        self._ce.lse(out)
-        return out
+        return self._row_output("lse")
+
+    @property
+    def entropy(self):
+        """The softmax's entropy per row of the last call (needs entropy=True or an entropy_weight)."""
+        return self._row_output("entropy")
+
+    @property
+    def logprob(self):
+        """The target's log-softmax per row of the last call (0 for ignored rows)."""
+        return self._row_output("logprob")
+
+    @property
+    def z_loss_terms(self):
+        """z_loss * lse^2 per row of the last call, the part of the loss the z-loss adds (0 for ignored rows)."""
+        return self._row_output("z_loss")
+
+    def set_class_weights(self, weights):
+        """PyTorch's `weight`: this rank's V_local values for its own columns (the loss's type), finite and >= 0;
+        the mean then divides by the valid targets' weights. None removes them (on every rank). Collective."""
+        self._ce.set_class_weights(weights)
 
     @property
     def num_valid(self):

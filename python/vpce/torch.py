@@ -42,6 +42,13 @@ def _handle(comm, v_local, dtype, device, options):
     return entry[1]
 
 
+def _ready(x):
+    """vpce runs on its own (Kokkos') stream and takes arrays as they are: PyTorch's queued work on a CUDA tensor
+    must be done first (vpce's outputs are complete when its call returns)."""
+    if x.is_cuda:
+        torch.cuda.current_stream(x.device).synchronize()
+
+
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, comm, inplace, options):
@@ -54,6 +61,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         if inplace and x.data_ptr() != logits.data_ptr():
             raise ValueError("vocab_parallel_cross_entropy(inplace=True) needs contiguous logits")
         t = target.to(torch.int64).contiguous()
+        _ready(x)
         ctx.ce, ctx.inplace, ctx.stash = ce, inplace, dict(options).get("mode") == "stash_softmax"
         if ctx.stash:
             loss, grad = ce.loss_and_grad(x, t, grad=x if inplace else None)
@@ -71,6 +79,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_output):
         ce = ctx.ce
         g = grad_output.to(torch.float64 if ce.dtype == "float64" else torch.float32).contiguous()
+        _ready(g)
         if ctx.inplace:
             if getattr(ctx, "done", False):
                 raise RuntimeError("vocab_parallel_cross_entropy(inplace=True): a second backward through the "
@@ -114,5 +123,7 @@ def vocab_parallel_cross_entropy(vocab_parallel_logits, target, comm=None, label
                         "argument is the mpi4py communicator; pass label_smoothing by name")
     if "reduction" in options:
         raise TypeError("vocab_parallel_cross_entropy returns per-token losses: reduce them yourself")
+    if options.get("probability_targets"):
+        raise TypeError("vocab_parallel_cross_entropy takes target ids (vpce.CrossEntropy takes probabilities)")
     opts = tuple(sorted(dict(options, label_smoothing=float(label_smoothing)).items()))
     return _VocabParallelCrossEntropy.apply(vocab_parallel_logits, target, comm, bool(inplace), opts)
