@@ -166,6 +166,7 @@ configure_vpce() {
            "-DCMAKE_Fortran_FLAGS=$VPCE_SANITIZE_FLAGS" "-DCMAKE_EXE_LINKER_FLAGS=$VPCE_SANITIZE_LDFLAGS"
            "-DCMAKE_SHARED_LINKER_FLAGS=$VPCE_SANITIZE_LDFLAGS" "-DCMAKE_MODULE_LINKER_FLAGS=$VPCE_SANITIZE_LDFLAGS")
   fi
+  args+=(-DVPCE_CLANG_TIDY_CACHE="$VPCE_CACHE/clang-tidy")  # clean clang-tidy results (the vpce_clang_tidy test)
   if command -v ccache >/dev/null 2>&1; then
     export CCACHE_DIR=${CCACHE_DIR:-$VPCE_CACHE/ccache}
     args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
