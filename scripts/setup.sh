@@ -17,7 +17,7 @@
 #   VPCE_BUILD_TYPE CMake build type (default: Release; Debug with VPCE_SANITIZE=1)
 #   VPCE_CMAKE_ARGS extra arguments for vpce's CMake configure (default: -DVPCE_ENABLE_NATIVE=ON, the
 #                   kernels compiled for this machine's CPU; the build folder is never shared between machines)
-# The Python package (python/) is built against a virtual environment in $VPCE_CACHE/python-env: Debian's
+# The Python package (python/) is built against a virtual environment in $VPCE_CACHE/python-env-*: Debian's
 # python3 with its packages (numpy, mpi4py, pytest, torch) plus nanobind and scikit-build-core from PyPI. Not
 # with VPCE_MPI=mpich (Debian's mpi4py is built on OpenMPI) nor VPCE_SANITIZE=1 (Python itself is not
 # instrumented).
