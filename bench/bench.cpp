@@ -58,8 +58,13 @@ double median(std::vector<double> v) {
 
 bool wanted(const Config& c, const std::string& name) {
   if (c.only.empty()) return true;
-  for (const auto& p : c.only)
-    if (name.rfind(p, 0) == 0) return true;
+  for (const auto& p : c.only) {
+    if (!p.empty() && p.back() == '$') {  // "name$": that record only
+      if (name == p.substr(0, p.size() - 1)) return true;
+    } else if (name.rfind(p, 0) == 0) {
+      return true;
+    }
+  }
   return false;
 }
 

@@ -26,6 +26,7 @@ struct Config {
   std::string dtype = "float32";            ///< float32 | float64 | bfloat16 | float16 (logits and gradient)
   int reps = 10;                            ///< timed repetitions (after one warm-up)
   std::vector<std::string> only;            ///< if not empty: run only records whose name starts with one of these
+                                            ///< ("name$": the record of exactly that name)
   std::int64_t block_bytes_per_thread = 0;  ///< Options::block_bytes_per_thread; 0: the library's default
 };
 

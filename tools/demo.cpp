@@ -52,7 +52,8 @@ const char* const bench_help =
     "  --vocab V        global vocabulary, default 65536\n"
     "  --dtype T        float32 (default) | float64\n"
     "  --reps R         timed repetitions after one warm-up, default 10\n"
-    "  --only P1,P2     only the records whose name starts with one of these (e.g. loss_and_grad,forward/fused)\n"
+    "  --only P1,P2     only the records whose name starts with one of these (e.g. loss_and_grad,forward/fused;\n"
+    "                   P$: only the record named P)\n"
     "  --json FILE      also write the records as JSON (rank 0, through a temporary name)\n"
     "  -h, --help       this help\n";
 

@@ -9,6 +9,7 @@
 
 #include <Kokkos_Core.hpp>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "vpce/half.hpp"
@@ -122,9 +123,10 @@ struct HostInner {
         .v[0];
   }
   /// K sums at once, f(j) giving column j's K terms (Terms<T, K>), each summed as sum() does, and *max = the
-  /// max of g(j), in one pass.
+  /// max of g(j), in one pass; the row f reads from memory is prefetched `ahead` (stream.hpp).
   template <class T, int K, class F, class G>
-  KOKKOS_FORCEINLINE_FUNCTION Terms<T, K> sums_max(std::int64_t n, const F& f, const G& g, T* max) const {
+  KOKKOS_FORCEINLINE_FUNCTION Terms<T, K> sums_max(std::int64_t n, const F& f, const G& g, T* max,
+                                                   const Ahead& ahead = {}) const {
     static_assert(K == 1 || K == 2, "one or two sums");
     constexpr std::int64_t lanes = 16, chunk = 32 * lanes;
     double total[K][lanes] = {};
@@ -135,6 +137,7 @@ struct HostInner {
       const std::int64_t j1 = j0 + chunk < whole ? j0 + chunk : whole;
       T part[K][lanes] = {};
       for (std::int64_t j = j0; j < j1; j += lanes) {
+        ahead.at(j, lanes);
         VPCE_SIMD
         for (std::int64_t l = 0; l < lanes; ++l) {
           const Terms<T, K> e = f(j + l);
@@ -174,25 +177,42 @@ struct HostInner {
     VPCE_SIMD
     for (std::int64_t j = 0; j < n; ++j) f(j);
   }
-  /// y[j] = v(j) (a G) for j in [0, n), then y[c] = fix if 0 <= c < n. Store::streaming: each piece of the
-  /// row is formed in a buffer on the thread's stack (in L1) and copied out with streaming stores: the row
-  /// is written once and never read (stream.hpp).
+  /// y[j] = v(j) (a G) for j in [0, n), then y[c] = fix if 0 <= c < n; the row v reads from memory is
+  /// prefetched `ahead`. Store::streaming (rows of at least a line): y's whole 64-byte lines are formed a line
+  /// at a time in registers and written with streaming stores (stream.hpp), the row written once and never
+  /// read; the columns before its first line and after its last one are copied with plain stores from a line
+  /// formed at the row's first (last) columns, so that every loop is a whole vector line.
   template <class G, class F>
-  KOKKOS_FORCEINLINE_FUNCTION void store(std::int64_t n, G* y, const F& v, std::int64_t c, G fix, Store how) const {
-    if (how == Store::plain) {
-      for_each(n, [&](std::int64_t j) { y[j] = v(j); });
-      if (c >= 0 && c < n) y[c] = fix;
-      return;
+  KOKKOS_FORCEINLINE_FUNCTION void store(std::int64_t n, G* y, const F& v, std::int64_t c, G fix, Store how,
+                                         const Ahead& ahead = {}) const {
+    constexpr std::int64_t lanes = 64 / std::int64_t(sizeof(G));  // columns per line
+    const std::int64_t off = std::int64_t(reinterpret_cast<std::uintptr_t>(y) % 64);
+    if (how == Store::plain || n < lanes || off % std::int64_t(sizeof(G)) != 0) {
+      fill(n, y, v, ahead);
+    } else {
+      alignas(64) G line[lanes];
+      auto form = [&](std::int64_t j) {  // line = columns [j, j + lanes)
+        VPCE_SIMD
+        for (std::int64_t l = 0; l < lanes; ++l) line[l] = v(j + l);
+      };
+      const std::int64_t head = (lanes - off / std::int64_t(sizeof(G))) % lanes;  // columns before y's first line
+      if (head > 0) {
+        form(0);
+        std::memcpy(y, line, std::size_t(head) * sizeof(G));
+      }
+      const std::int64_t lines_end = head + (n - head) / lanes * lanes;
+      for (std::int64_t j = head; j < lines_end; j += lanes) {
+        ahead.at(j, lanes);
+        form(j);
+        stream_line(y + j, line);
+      }
+      if (lines_end < n) {
+        form(n - lanes);
+        std::memcpy(y + lines_end, line + (lanes - (n - lines_end)), std::size_t(n - lines_end) * sizeof(G));
+      }
+      stream_fence();  // before the plain store below, which may be to a streamed line
     }
-    constexpr std::int64_t piece = 2048;
-    alignas(64) G buf[piece];
-    for (std::int64_t j0 = 0; j0 < n; j0 += piece) {
-      const std::int64_t len = n - j0 < piece ? n - j0 : piece;
-      VPCE_SIMD
-      for (std::int64_t j = 0; j < len; ++j) buf[j] = v(j0 + j);
-      if (c >= j0 && c < j0 + len) buf[c - j0] = fix;
-      stream_copy(y + j0, buf, std::size_t(len) * sizeof(G));
-    }
+    if (c >= 0 && c < n) y[c] = fix;
   }
   template <class F>
   KOKKOS_FORCEINLINE_FUNCTION void single(const F& f) const {
@@ -208,20 +228,36 @@ struct HostInner {
   /// of z); with `sum_x`, also the sum of x (of w_j x_j with `weights`, a row of n: class weights), in the
   /// chunk's own pass from L1; with `entropy`, also h = sum exp(x - m) (x - m), in the exps' pass. With
   /// `exps` (a row of n), stores e_j = exp(x_j - m_c) there, m_c being the running max when chunk c was
-  /// stored, given to chunk_max(c, m_c): Finalize then only rescales, one exp per element.
+  /// stored, given to chunk_max(c, m_c): Finalize then only rescales, one exp per element. `ahead`: the row z
+  /// reads, prefetched (stream.hpp).
   template <class T, class Z, class X, class ChunkMax>
   KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online_stats(std::int64_t n, const Z& z, const X& x, bool sum_x,
                                                           const T* weights, bool entropy, T* exps,
-                                                          const ChunkMax& chunk_max) const {
-    if (entropy) return online<2, T>(n, z, x, sum_x, weights, exps, chunk_max);
-    return online<1, T>(n, z, x, sum_x, weights, exps, chunk_max);
+                                                          const ChunkMax& chunk_max, const Ahead& ahead) const {
+    if (entropy) return online<2, T>(n, z, x, sum_x, weights, exps, chunk_max, ahead);
+    return online<1, T>(n, z, x, sum_x, weights, exps, chunk_max, ahead);
   }
 
  private:
+  /// y[j] = v(j) for j in [0, n), prefetching `ahead` once per 16 columns.
+  template <class G, class F>
+  KOKKOS_FORCEINLINE_FUNCTION void fill(std::int64_t n, G* y, const F& v, const Ahead& ahead) const {
+    constexpr std::int64_t lanes = 16;
+    const std::int64_t whole = n - n % lanes;
+    for (std::int64_t j = 0; j < whole; j += lanes) {
+      ahead.at(j, lanes);
+      VPCE_SIMD
+      for (std::int64_t l = 0; l < lanes; ++l) y[j + l] = v(j + l);
+    }
+    VPCE_SIMD
+    for (std::int64_t j = whole; j < n; ++j) y[j] = v(j);
+  }
+
   /// online_stats with K = 1 (s) or 2 (s and h) sums.
   template <int K, class T, class Z, class X, class ChunkMax>
   KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online(std::int64_t n, const Z& z, const X& x, bool sum_x,
-                                                    const T* weights, T* exps, const ChunkMax& chunk_max) const {
+                                                    const T* weights, T* exps, const ChunkMax& chunk_max,
+                                                    const Ahead& ahead) const {
     T zmax = neg_inf<T>(), m = neg_inf<T>(), sx = 0;
     double acc = 0, acc_h = 0;  // acc_h: relative to m, as acc
     for (std::int64_t j0 = 0; j0 < n; j0 += chunk_cols) {
@@ -236,7 +272,7 @@ struct HostInner {
       }
       if (m != neg_inf<T>()) {
         T cz;
-        const Terms<T, K> sc = exp_sums<K, true>(len, zc, x, yc, m, &cz);
+        const Terms<T, K> sc = exp_sums<K, true>(len, zc, x, yc, m, &cz, ahead.from(j0));
         const T m_new = cz > zmax ? x(cz) : m;
         if (m_new - m <= T(80)) {
           if (yc != nullptr) chunk_max(j0 / chunk_cols, m);  // what the stored exps are relative to
@@ -261,7 +297,7 @@ struct HostInner {
         zmax = cz;
       }
       T unused;
-      const Terms<T, K> sc = exp_sums<K, false>(len, zc, x, yc, m, &unused);
+      const Terms<T, K> sc = exp_sums<K, false>(len, zc, x, yc, m, &unused, ahead.from(j0));
       acc += double(sc.v[0]);
       if constexpr (K == 2) acc_h += double(sc.v[1]);
       if (yc != nullptr) chunk_max(j0 / chunk_cols, m);
@@ -294,7 +330,8 @@ struct HostInner {
   /// m = -inf (every logit so far -inf or NaN) the sums are 0 -- s NaN if a NaN hides among them -- and y
   /// gets zeros.
   template <int K, bool WithMax, class T, class Z, class X>
-  KOKKOS_INLINE_FUNCTION Terms<T, K> exp_sums(std::int64_t len, const Z& z, const X& x, T* y, T m, T* cz) const {
+  KOKKOS_INLINE_FUNCTION Terms<T, K> exp_sums(std::int64_t len, const Z& z, const X& x, T* y, T m, T* cz,
+                                              const Ahead& ahead) const {
     auto no_max = [](std::int64_t) { return neg_inf<T>(); };
     if constexpr (!WithMax) {
       if (m == neg_inf<T>()) {
@@ -320,8 +357,8 @@ struct HostInner {
         return no_max(j);
       }
     };
-    if (y == nullptr) return sums_max<T, K>(len, ExpTerms<K, false, T, Z, X>{z, x, y, m}, g, cz);
-    return sums_max<T, K>(len, ExpTerms<K, true, T, Z, X>{z, x, y, m}, g, cz);
+    if (y == nullptr) return sums_max<T, K>(len, ExpTerms<K, false, T, Z, X>{z, x, y, m}, g, cz, ahead);
+    return sums_max<T, K>(len, ExpTerms<K, true, T, Z, X>{z, x, y, m}, g, cz, ahead);
   }
 };
 
@@ -411,7 +448,8 @@ struct TeamInner {
   }
   /// y[j] = v(j) for j in [0, n), then y[c] = fix if 0 <= c < n (plain stores: a device writes whole lines).
   template <class G, class F>
-  KOKKOS_FORCEINLINE_FUNCTION void store(std::int64_t n, G* y, const F& v, std::int64_t c, G fix, Store) const {
+  KOKKOS_FORCEINLINE_FUNCTION void store(std::int64_t n, G* y, const F& v, std::int64_t c, G fix, Store,
+                                         const Ahead& = {}) const {
     for_each(n, [&](std::int64_t j) { y[j] = v(j); });
     barrier();
     if (c >= 0 && c < n) single([&]() { y[c] = fix; });
@@ -429,7 +467,7 @@ struct TeamInner {
   template <class T, class Z, class X, class ChunkMax>
   KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online_stats(std::int64_t n, const Z& z, const X& x, bool /*sum_x*/,
                                                           const T* weights, bool /*entropy*/, T* /*exps*/,
-                                                          const ChunkMax& /*chunk_max*/) const {
+                                                          const ChunkMax& /*chunk_max*/, const Ahead& /*ahead*/) const {
     return online<T>(n, [&](std::int64_t j, OnlineStats<T>& l) {
       const T zj = z(j), xj = x(zj);
       l.add(zj, xj, weights != nullptr ? weights[j] * xj : xj);
@@ -593,7 +631,8 @@ class LocalStats {
         m_a.n, [&](std::int64_t j) { return to_compute(x[j]); },
         [&](T z) { return p.template transform<Capped>(z); }, smoothing,
         p.weights == nullptr ? nullptr : p.weights + m_a.begin, p.entropy,
-        m_exps.data == nullptr ? nullptr : m_exps.row(i), [&](std::int64_t chunk, T m) { m_chunk_max(i, chunk) = m; });
+        m_exps.data == nullptr ? nullptr : m_exps.row(i), [&](std::int64_t chunk, T m) { m_chunk_max(i, chunk) = m; },
+        Ahead::of(x));
     const RowStats<T> r = mark_row(o.m, o.s, t, smoothing ? o.sx : T(0), p.entropy ? o.h : T(0), o.zmax);
     in.single([&]() { m_out.store(i, r); });
   }
@@ -903,7 +942,7 @@ class Finalize {
                 const T xj = p.template transform<Capped>(to_compute(x[j]));
                 return G((term(xj) - smooth(j)) * p.template chain<Capped>(xj));
               },
-              fix_at, fix, m_store);
+              fix_at, fix, m_store, Ahead::of(x));
         };
         auto softmax = [&](T xj) { return fast_exp(xj - l) * kp; };
         // The entropy's term p_j beta (mu - x_j): 0 where p_j is 0 (a -inf logit).
@@ -1019,7 +1058,7 @@ class BackwardFromStash {
     const std::int64_t fix_at = c >= 0 && gi != T(0) ? c : -1;
     const G fix = G(fix_at >= 0 ? (q[c] - m_stash_target(i)) * gi : T(0));
     in.store(
-        m_a.n, yr, [&](std::int64_t j) { return G(q[j] * gi); }, fix_at, fix, m_store);
+        m_a.n, yr, [&](std::int64_t j) { return G(q[j] * gi); }, fix_at, fix, m_store, Ahead::of(q));
   }
 
  private:

@@ -1,6 +1,7 @@
 #pragma once
 /// \file stream.hpp
-/// \brief Copies with streaming (non-temporal) stores on the host.
+/// \brief Copies with streaming (non-temporal) stores on the host, and the software prefetch of the rows the
+/// host's loops stream through.
 ///
 /// A plain store to a line that is not in cache first reads the line (read-for-ownership): a copy of B bytes
 /// moves 3B through memory. Streaming stores write whole lines without reading them (2B), the STREAM
@@ -23,8 +24,35 @@
 
 namespace vpce::impl {
 
-/// Whether stream_copy writes with streaming stores on this build.
+/// Whether stream_line and stream_copy write with streaming stores on this build.
 inline constexpr bool have_streaming_stores = VPCE_HAVE_STREAMING_STORES != 0;
+
+/// Writes the 64-byte line at dst from src (both 64-byte aligned) with streaming stores where the CPU has
+/// them (the widest the compiler targets), else a plain copy. Weakly ordered: stream_fence() before other
+/// threads may read the line.
+KOKKOS_FORCEINLINE_FUNCTION void stream_line(void* dst, const void* src) {
+#if VPCE_HAVE_STREAMING_STORES
+#if defined(__AVX512F__)
+  _mm512_stream_si512(static_cast<__m512i*>(dst), _mm512_load_si512(src));
+#elif defined(__AVX__)
+  for (int k = 0; k < 2; ++k)
+    _mm256_stream_si256(static_cast<__m256i*>(dst) + k, _mm256_load_si256(static_cast<const __m256i*>(src) + k));
+#else
+  for (int k = 0; k < 4; ++k)
+    _mm_stream_si128(static_cast<__m128i*>(dst) + k, _mm_load_si128(static_cast<const __m128i*>(src) + k));
+#endif
+#else
+  std::memcpy(dst, src, 64);
+#endif
+}
+
+/// Orders the streaming stores before it before the stores after it (the data is visible to other threads
+/// once the caller synchronises with them).
+KOKKOS_FORCEINLINE_FUNCTION void stream_fence() {
+#if VPCE_HAVE_STREAMING_STORES
+  _mm_sfence();
+#endif
+}
 
 /// memcpy(dst, src, bytes), the destination written with streaming stores where the CPU has them. Ends with
 /// a store fence, so the data is visible to other threads once the caller synchronises with them.
@@ -53,5 +81,45 @@ KOKKOS_INLINE_FUNCTION void stream_copy(void* dst, const void* src, std::size_t 
   std::memcpy(dst, src, bytes);
 #endif
 }
+
+/// How far ahead of its loads a host loop that streams a row prefetches, in bytes (HostInner, kernels.hpp).
+/// The hardware prefetchers alone fall behind while the exps keep the core busy: the time of the exp-and-sum
+/// pass was that of a read PLUS that of the exps. A line prefetched per line loaded, this far ahead, lets
+/// the memory stream run under the exps. Measured (2 threads over 512 MiB, Intel Xeon with AVX-512): 1 KiB
+/// ahead 42 ms, 4 KiB 36 ms, 16 KiB 36-39 ms, 64 KiB 38-40 ms, none 56 ms, a read alone 30 ms
+/// (perf_tests/NOTES.md, issue 12).
+inline constexpr std::int64_t prefetch_distance = 4096;
+
+/// A hint that the line at p will be read soon (into every cache level). Never faults; a no-op on devices and
+/// compilers without the builtin.
+KOKKOS_FORCEINLINE_FUNCTION void prefetch(const void* p) {
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__) && \
+    !defined(__SYCL_DEVICE_ONLY__)
+  __builtin_prefetch(p, 0, 3);
+#else
+  (void)p;
+#endif
+}
+
+/// A row a host loop streams through, prefetched `prefetch_distance` bytes ahead (HostInner's loops call
+/// at() once per step of columns). Default: nothing to prefetch.
+struct Ahead {
+  const char* row = nullptr;
+  std::int64_t elem = 0;  ///< bytes per column
+  template <class S>
+  KOKKOS_FORCEINLINE_FUNCTION static Ahead of(const S* row) {
+    return {reinterpret_cast<const char*>(row), std::int64_t(sizeof(S))};
+  }
+  /// The same row from column j0 on.
+  KOKKOS_FORCEINLINE_FUNCTION Ahead from(std::int64_t j0) const {
+    return {row == nullptr ? nullptr : row + j0 * elem, elem};
+  }
+  /// Prefetches the lines of columns [j, j + cols), prefetch_distance bytes on.
+  KOKKOS_FORCEINLINE_FUNCTION void at(std::int64_t j, std::int64_t cols) const {
+    if (row == nullptr) return;
+    const char* p = row + j * elem + prefetch_distance;
+    for (std::int64_t b = 0; b < cols * elem; b += 64) prefetch(p + b);
+  }
+};
 
 }  // namespace vpce::impl
