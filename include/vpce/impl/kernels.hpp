@@ -40,6 +40,13 @@ KOKKOS_FORCEINLINE_FUNCTION T nan_or_zero(T x) {
   return select(x != x, x, T(0));
 }
 
+/// Lanes of the host's one-pass statistics (HostInner::online_stats) for logits stored as S: a 64-byte line of
+/// a 16-bit S (with 16 lanes GCC formed those loops in 256-bit vectors, the width of 16 loaded 16-bit values,
+/// half of AVX-512's: 0.66 instead of 0.33 ns per element), else 16. The sums' bits depend on it, never on the
+/// ISA.
+template <class S>
+inline constexpr int sum_lanes = sizeof(S) == 2 ? 32 : 16;
+
 /// Columns per chunk of the host's one-pass statistics: 16 KiB of floats, so the chunk is still in L1 for
 /// its exp loop. (512 columns measured slower: per-chunk reductions; a whole row no faster.)
 inline constexpr std::int64_t chunk_cols = 4096;
@@ -105,7 +112,7 @@ struct HostInner {
     return m;
   }
   /// Sum in 16 lanes (column j in lane j % 16, whatever the vector width, so the bits do not depend on the
-  /// ISA's): each lane adds 32 terms in T, then into a lane total in double; the lane totals are added in
+  /// ISA's; sums_max: in Lanes lanes): each lane adds 32 terms in T, then into a lane total in double; the lane totals are added in
   /// order at the end. A plain float sum over a 50k-column row with one dominant logit lost ~2e-4 nats
   /// (every small term rounded against ~1). The lanes are explicit so that the partials stay in vector
   /// registers: a `reduction(+)` per chunk ended each chunk with a serial horizontal sum.
@@ -124,11 +131,11 @@ struct HostInner {
   }
   /// K sums at once, f(j) giving column j's K terms (Terms<T, K>), each summed as sum() does, and *max = the
   /// max of g(j), in one pass; the row f reads from memory is prefetched `ahead` (stream.hpp).
-  template <class T, int K, class F, class G>
+  template <class T, int K, int Lanes = 16, class F, class G>
   KOKKOS_FORCEINLINE_FUNCTION Terms<T, K> sums_max(std::int64_t n, const F& f, const G& g, T* max,
                                                    const Ahead& ahead = {}) const {
     static_assert(K == 1 || K == 2, "one or two sums");
-    constexpr std::int64_t lanes = 16, chunk = 32 * lanes;
+    constexpr std::int64_t lanes = Lanes, chunk = 32 * lanes;
     double total[K][lanes] = {};
     T mx[lanes];
     for (std::int64_t l = 0; l < lanes; ++l) mx[l] = neg_inf<T>();
@@ -148,11 +155,13 @@ struct HostInner {
         }
       }
       for (int k = 0; k < K; ++k) {
-        VPCE_SIMD
-        for (std::int64_t l = 0; l < lanes; ++l) total[k][l] += double(part[k][l]);
+        for (std::int64_t g16 = 0; g16 < lanes; g16 += 16) {  // 16 at a time: GCC leaves 32 scalar on SSE
+          VPCE_SIMD
+          for (std::int64_t l = 0; l < 16; ++l) total[k][g16 + l] += double(part[k][g16 + l]);
+        }
       }
     }
-    T rest[K][lanes] = {};  // the last n % 16 columns, a lane each
+    T rest[K][lanes] = {};  // the last n % lanes columns, a lane each
     VPCE_SIMD
     for (std::int64_t l = 0; l < n - whole; ++l) {
       const Terms<T, K> e = f(whole + l);
@@ -161,14 +170,28 @@ struct HostInner {
       const T v = g(whole + l);
       mx[l] = v > mx[l] ? v : mx[l];
     }
+    // More than 16 lanes are first folded into 16 (lane 16 g + l into lane l, in order of g), then the 16
+    // added in order.
+    static_assert(lanes % 16 == 0, "lanes in groups of 16");
     Terms<T, K> out;
-    T m = neg_inf<T>();
     for (int k = 0; k < K; ++k) {
+      double t16[16];
+      VPCE_SIMD
+      for (std::int64_t l = 0; l < 16; ++l) t16[l] = total[k][l] + double(rest[k][l]);
+      for (std::int64_t g16 = 16; g16 < lanes; g16 += 16) {
+        VPCE_SIMD
+        for (std::int64_t l = 0; l < 16; ++l) t16[l] += total[k][g16 + l] + double(rest[k][g16 + l]);
+      }
       double t = 0;
-      for (std::int64_t l = 0; l < lanes; ++l) t += total[k][l] + double(rest[k][l]);
+      for (std::int64_t l = 0; l < 16; ++l) t += t16[l];
       out.v[k] = T(t);
     }
-    for (std::int64_t l = 0; l < lanes; ++l) m = mx[l] > m ? mx[l] : m;
+    for (std::int64_t g16 = 16; g16 < lanes; g16 += 16) {
+      VPCE_SIMD
+      for (std::int64_t l = 0; l < 16; ++l) mx[l] = mx[g16 + l] > mx[l] ? mx[g16 + l] : mx[l];
+    }
+    T m = neg_inf<T>();
+    for (std::int64_t l = 0; l < 16; ++l) m = mx[l] > m ? mx[l] : m;
     *max = m;
     return out;
   }
@@ -230,19 +253,19 @@ struct HostInner {
   /// `exps` (a row of n), stores e_j = exp(x_j - m_c) there, m_c being the running max when chunk c was
   /// stored, given to chunk_max(c, m_c): Finalize then only rescales, one exp per element. `ahead`: the row z
   /// reads, prefetched (stream.hpp).
-  template <class T, class Z, class X, class ChunkMax>
+  template <class T, int Lanes, class Z, class X, class ChunkMax>
   KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online_stats(std::int64_t n, const Z& z, const X& x, bool sum_x,
                                                           const T* weights, bool entropy, T* exps,
                                                           const ChunkMax& chunk_max, const Ahead& ahead) const {
-    if (entropy) return online<2, T>(n, z, x, sum_x, weights, exps, chunk_max, ahead);
-    return online<1, T>(n, z, x, sum_x, weights, exps, chunk_max, ahead);
+    if (entropy) return online<2, T, Lanes>(n, z, x, sum_x, weights, exps, chunk_max, ahead);
+    return online<1, T, Lanes>(n, z, x, sum_x, weights, exps, chunk_max, ahead);
   }
 
  private:
-  /// y[j] = v(j) for j in [0, n), prefetching `ahead` once per 16 columns.
+  /// y[j] = v(j) for j in [0, n), prefetching `ahead` once per 64 bytes of y.
   template <class G, class F>
   KOKKOS_FORCEINLINE_FUNCTION void fill(std::int64_t n, G* y, const F& v, const Ahead& ahead) const {
-    constexpr std::int64_t lanes = 16;
+    constexpr std::int64_t lanes = 64 / std::int64_t(sizeof(G));
     const std::int64_t whole = n - n % lanes;
     for (std::int64_t j = 0; j < whole; j += lanes) {
       ahead.at(j, lanes);
@@ -254,7 +277,7 @@ struct HostInner {
   }
 
   /// online_stats with K = 1 (s) or 2 (s and h) sums.
-  template <int K, class T, class Z, class X, class ChunkMax>
+  template <int K, class T, int Lanes, class Z, class X, class ChunkMax>
   KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online(std::int64_t n, const Z& z, const X& x, bool sum_x,
                                                     const T* weights, T* exps, const ChunkMax& chunk_max,
                                                     const Ahead& ahead) const {
@@ -272,7 +295,7 @@ struct HostInner {
       }
       if (m != neg_inf<T>()) {
         T cz;
-        const Terms<T, K> sc = exp_sums<K, true>(len, zc, x, yc, m, &cz, ahead.from(j0));
+        const Terms<T, K> sc = exp_sums<K, true, Lanes>(len, zc, x, yc, m, &cz, ahead.from(j0));
         const T m_new = cz > zmax ? x(cz) : m;
         if (m_new - m <= T(80)) {
           if (yc != nullptr) chunk_max(j0 / chunk_cols, m);  // what the stored exps are relative to
@@ -297,7 +320,7 @@ struct HostInner {
         zmax = cz;
       }
       T unused;
-      const Terms<T, K> sc = exp_sums<K, false>(len, zc, x, yc, m, &unused, ahead.from(j0));
+      const Terms<T, K> sc = exp_sums<K, false, Lanes>(len, zc, x, yc, m, &unused, ahead.from(j0));
       acc += double(sc.v[0]);
       if constexpr (K == 2) acc_h += double(sc.v[1]);
       if (yc != nullptr) chunk_max(j0 / chunk_cols, m);
@@ -329,7 +352,7 @@ struct HostInner {
   /// `WithMax` also *cz = the max of z over the same columns, in the same pass (m is then finite). With
   /// m = -inf (every logit so far -inf or NaN) the sums are 0 -- s NaN if a NaN hides among them -- and y
   /// gets zeros.
-  template <int K, bool WithMax, class T, class Z, class X>
+  template <int K, bool WithMax, int Lanes, class T, class Z, class X>
   KOKKOS_INLINE_FUNCTION Terms<T, K> exp_sums(std::int64_t len, const Z& z, const X& x, T* y, T m, T* cz,
                                               const Ahead& ahead) const {
     auto no_max = [](std::int64_t) { return neg_inf<T>(); };
@@ -340,8 +363,8 @@ struct HostInner {
           r.v[0] = nan_or_zero(z(j));
           return r;
         };
-        if (y == nullptr) return sums_max<T, K>(len, zero, no_max, cz);
-        return sums_max<T, K>(
+        if (y == nullptr) return sums_max<T, K, Lanes>(len, zero, no_max, cz);
+        return sums_max<T, K, Lanes>(
             len,
             [&](std::int64_t j) {
               y[j] = T(0);
@@ -357,8 +380,8 @@ struct HostInner {
         return no_max(j);
       }
     };
-    if (y == nullptr) return sums_max<T, K>(len, ExpTerms<K, false, T, Z, X>{z, x, y, m}, g, cz, ahead);
-    return sums_max<T, K>(len, ExpTerms<K, true, T, Z, X>{z, x, y, m}, g, cz, ahead);
+    if (y == nullptr) return sums_max<T, K, Lanes>(len, ExpTerms<K, false, T, Z, X>{z, x, y, m}, g, cz, ahead);
+    return sums_max<T, K, Lanes>(len, ExpTerms<K, true, T, Z, X>{z, x, y, m}, g, cz, ahead);
   }
 };
 
@@ -464,7 +487,7 @@ struct TeamInner {
   /// (m, s, h) over its columns, merged across the team. No exps are stored (exps and chunk_max are not
   /// used): Finalize recomputes them from the logits, which keeps the device's pass count at 2 reads + 1
   /// write.
-  template <class T, class Z, class X, class ChunkMax>
+  template <class T, int /*Lanes*/, class Z, class X, class ChunkMax>
   KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online_stats(std::int64_t n, const Z& z, const X& x, bool /*sum_x*/,
                                                           const T* weights, bool /*entropy*/, T* /*exps*/,
                                                           const ChunkMax& /*chunk_max*/, const Ahead& /*ahead*/) const {
@@ -627,7 +650,7 @@ class LocalStats {
     const std::int64_t c = m_a.local_target(i);
     const T t = c >= 0 ? p.template transform<Capped>(to_compute(x[c])) : T(0);
     const bool smoothing = p.alpha > T(0);
-    const OnlineStats<T> o = in.template online_stats<T>(
+    const OnlineStats<T> o = in.template online_stats<T, sum_lanes<S>>(
         m_a.n, [&](std::int64_t j) { return to_compute(x[j]); },
         [&](T z) { return p.template transform<Capped>(z); }, smoothing,
         p.weights == nullptr ? nullptr : p.weights + m_a.begin, p.entropy,
