@@ -28,7 +28,7 @@ log() { echo "[vpce gpu] $*"; }
 log "building vpce against $Kokkos_ROOT"
 cmake -S "$src" -B "$work/vpce-build" -DCMAKE_BUILD_TYPE=Release -DKokkos_ROOT="$Kokkos_ROOT" \
   -DCMAKE_CXX_COMPILER="$Kokkos_ROOT/bin/nvcc_wrapper" -DVPCE_ENABLE_TOOL=OFF -DVPCE_ENABLE_TESTS=ON \
-  -DVPCE_ENABLE_EXAMPLES=ON -DVPCE_ENABLE_BENCHMARKS=ON >"$out/vpce-configure.log"
+  -DVPCE_ENABLE_EXAMPLES=ON -DVPCE_ENABLE_BENCHMARKS=ON -DVPCE_ENABLE_PYTHON=OFF >"$out/vpce-configure.log"
 cmake --build "$work/vpce-build" -j "$jobs" >"$out/vpce-build.log" 2>&1
 
 # 2. Unit tests (the MPI tests at 1-4 ranks share the one GPU).
