@@ -112,10 +112,10 @@ struct HostInner {
     return m;
   }
   /// Sum in 16 lanes (column j in lane j % 16, whatever the vector width, so the bits do not depend on the
-  /// ISA's; sums_max: in Lanes lanes): each lane adds 32 terms in T, then into a lane total in double; the lane totals are added in
-  /// order at the end. A plain float sum over a 50k-column row with one dominant logit lost ~2e-4 nats
-  /// (every small term rounded against ~1). The lanes are explicit so that the partials stay in vector
-  /// registers: a `reduction(+)` per chunk ended each chunk with a serial horizontal sum.
+  /// ISA's; sums_max: in Lanes lanes): each lane adds 32 terms in T, then into a lane total in double; the
+  /// lane totals are added in order at the end. A plain float sum over a 50k-column row with one dominant
+  /// logit lost ~2e-4 nats (every small term rounded against ~1). The lanes are explicit so that the partials
+  /// stay in vector registers: a `reduction(+)` per chunk ended each chunk with a serial horizontal sum.
   template <class T, class F>
   KOKKOS_FORCEINLINE_FUNCTION T sum(std::int64_t n, const F& f) const {
     T unused;
