@@ -529,15 +529,11 @@ void fuzz_linear_file(FuzzedDataProvider& fdp) {
     }
     if (input.n > 4096 || input.n * input.h > (1 << 18) || rows * input.h > (1 << 18)) return;
     std::vector<std::int64_t> targets(std::size_t(input.n) + 1);
-    dispatch(input.type, [&](auto tag) {
-      using S = typename decltype(tag)::type;
-      if constexpr (std::is_floating_point_v<S>) {  // check_linear_input gives float32 or float64 only
-        std::vector<S> hb(std::size_t(input.n * input.h) + 1), wb(std::size_t(rows * input.h) + 1);
-        in.read_rows<S>("/hidden", 0, input.n, input.n, input.h, hb.data());
-        in.read_rows<S>("/weight", begin, rows, max_rows, input.h, wb.data());
-      } else {
-        bug(std::string("check_linear_input accepted ") + to_string(input.type) + " hidden states");
-      }
+    dispatch(input.type, [&](auto tag) {  // as `vpce linear` reads them: 16-bit types as their bits
+      using FileElem = file_element_t<typename decltype(tag)::type>;
+      std::vector<FileElem> hb(std::size_t(input.n * input.h) + 1), wb(std::size_t(rows * input.h) + 1);
+      in.read_rows<FileElem>("/hidden", 0, input.n, input.n, input.h, hb.data());
+      in.read_rows<FileElem>("/weight", begin, rows, max_rows, input.h, wb.data());
     });
     in.read_all<std::int64_t>("/targets", input.n, targets.data());
     in.close();
