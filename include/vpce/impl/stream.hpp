@@ -27,19 +27,19 @@ namespace vpce::impl {
 /// Whether stream_line and stream_copy write with streaming stores on this build.
 inline constexpr bool have_streaming_stores = VPCE_HAVE_STREAMING_STORES != 0;
 
-/// Writes the 64-byte line at dst from src (both 64-byte aligned) with streaming stores where the CPU has
-/// them (the widest the compiler targets), else a plain copy. Weakly ordered: stream_fence() before other
-/// threads may read the line.
+/// Writes the 64-byte line at dst (64-byte aligned) from src (any alignment) with streaming stores where the
+/// CPU has them (the widest the compiler targets), else a plain copy. Weakly ordered: stream_fence() before
+/// other threads may read the line.
 KOKKOS_FORCEINLINE_FUNCTION void stream_line(void* dst, const void* src) {
 #if VPCE_HAVE_STREAMING_STORES
 #if defined(__AVX512F__)
-  _mm512_stream_si512(static_cast<__m512i*>(dst), _mm512_load_si512(src));
+  _mm512_stream_si512(static_cast<__m512i*>(dst), _mm512_loadu_si512(src));
 #elif defined(__AVX__)
   for (int k = 0; k < 2; ++k)
-    _mm256_stream_si256(static_cast<__m256i*>(dst) + k, _mm256_load_si256(static_cast<const __m256i*>(src) + k));
+    _mm256_stream_si256(static_cast<__m256i*>(dst) + k, _mm256_loadu_si256(static_cast<const __m256i*>(src) + k));
 #else
   for (int k = 0; k < 4; ++k)
-    _mm_stream_si128(static_cast<__m128i*>(dst) + k, _mm_load_si128(static_cast<const __m128i*>(src) + k));
+    _mm_stream_si128(static_cast<__m128i*>(dst) + k, _mm_loadu_si128(static_cast<const __m128i*>(src) + k));
 #endif
 #else
   std::memcpy(dst, src, 64);
@@ -54,32 +54,18 @@ KOKKOS_FORCEINLINE_FUNCTION void stream_fence() {
 #endif
 }
 
-/// memcpy(dst, src, bytes), the destination written with streaming stores where the CPU has them. Ends with
-/// a store fence, so the data is visible to other threads once the caller synchronises with them.
+/// memcpy(dst, src, bytes), the destination's whole lines written with stream_line, the bytes before and after
+/// them with plain stores. Ends with stream_fence(), so the data is visible to other threads once the caller
+/// synchronises with them.
 KOKKOS_INLINE_FUNCTION void stream_copy(void* dst, const void* src, std::size_t bytes) {
-#if VPCE_HAVE_STREAMING_STORES
   auto* d = static_cast<char*>(dst);
   const auto* s = static_cast<const char*>(src);
-  // Plain stores up to the destination's first cache line, then whole aligned vectors.
   const std::size_t head = std::min<std::size_t>(bytes, (64 - reinterpret_cast<std::uintptr_t>(d) % 64) % 64);
   std::memcpy(d, s, head);
-  d += head;
-  s += head;
-  bytes -= head;
-  std::size_t k = 0;
-#if defined(__AVX512F__)
-  for (; k + 64 <= bytes; k += 64) _mm512_stream_si512(reinterpret_cast<__m512i*>(d + k), _mm512_loadu_si512(s + k));
-#elif defined(__AVX__)
-  for (; k + 32 <= bytes; k += 32)
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + k), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + k)));
-#endif
-  for (; k + 16 <= bytes; k += 16)
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + k), _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + k)));
+  std::size_t k = head;
+  for (; k + 64 <= bytes; k += 64) stream_line(d + k, s + k);
   std::memcpy(d + k, s + k, bytes - k);
-  _mm_sfence();
-#else
-  std::memcpy(dst, src, bytes);
-#endif
+  stream_fence();
 }
 
 /// How far ahead of its loads a host loop that streams a row prefetches, in bytes (HostInner, kernels.hpp).
