@@ -68,6 +68,31 @@ TEST(Math, FastExpSpecialValues) {
   expect_exp_specials<double>();
 }
 
+// fast_exp_no_overflow is fast_exp without the overflow select: the same bits for every x <= 89 (every 61st
+// float from -inf up, and every double of a grid), and for -inf and NaN.
+TEST(Math, FastExpNoOverflowSameBitsInRange) {
+  using vpce::impl::as_bits;
+  using vpce::impl::fast_exp_no_overflow;
+  std::uint64_t checked = 0;
+  auto same_f = [&](float x) {
+    ++checked;
+    return as_bits(fast_exp_no_overflow(x)) == as_bits(fast_exp(x));
+  };
+  const std::uint32_t top = as_bits(89.0f);
+  for (std::uint32_t b = 0x80000000u; b <= 0xff800000u; b += 61) ASSERT_TRUE(same_f(vpce::impl::from_bits(b))) << b;
+  for (std::uint32_t b = 0; b <= top; b += 61) ASSERT_TRUE(same_f(vpce::impl::from_bits(b))) << b;
+  EXPECT_GT(checked, 40000000u);
+  for (double x = -800.0; x <= 710.0; x += 1.37e-3) {
+    ASSERT_EQ(as_bits(fast_exp_no_overflow(x)), as_bits(fast_exp(x))) << x;
+  }
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(fast_exp_no_overflow(-inf), 0.0f);
+  EXPECT_EQ(fast_exp_no_overflow(-double(inf)), 0.0);
+  EXPECT_EQ(fast_exp_no_overflow(89.0f), fast_exp(89.0f));
+  EXPECT_TRUE(std::isnan(fast_exp_no_overflow(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_TRUE(std::isnan(fast_exp_no_overflow(-std::numeric_limits<double>::quiet_NaN())));
+}
+
 TEST(Math, FastTanh) {
   double worst_f = 0, worst_d = 0;
   for (double u = -30; u < 30; u += 1.37e-4) {

@@ -329,7 +329,9 @@ struct HostInner {
   }
 
   /// Column j's terms against the max m: e = exp(x_j - m), stored in y[j] if `Store`, and with K = 2 also
-  /// e (x_j - m) (0 where e is 0: a -inf logit adds nothing).
+  /// e (x_j - m) (0 where e is 0: a -inf logit adds nothing). m is the running max, which x_j may exceed:
+  /// by more than 80, online() discards the chunk's terms and does it again, so exp never overflows in a
+  /// result that is kept.
   template <int K, bool Store, class T, class Z, class X>
   struct ExpTerms {
     const Z& z;
@@ -338,7 +340,7 @@ struct HostInner {
     T m;
     KOKKOS_FORCEINLINE_FUNCTION Terms<T, K> operator()(std::int64_t j) const {
       const T u = x(z(j)) - m;
-      const T e = fast_exp(u);
+      const T e = fast_exp_no_overflow(u);
       if constexpr (Store) y[j] = e;
       if constexpr (K == 1) {
         return {{e}};
@@ -702,8 +704,9 @@ class LocalSumGather {
     } else if (m == neg_inf<T>()) {
       s = in.template sum<T>(m_a.n, [&](std::int64_t j) { return nan_or_zero(to_compute(x[j])); });
     } else {
-      s = in.template sum<T>(
-          m_a.n, [&](std::int64_t j) { return fast_exp(p.template transform<Capped>(to_compute(x[j])) - m); });
+      s = in.template sum<T>(m_a.n, [&](std::int64_t j) {
+        return fast_exp_no_overflow(p.template transform<Capped>(to_compute(x[j])) - m);
+      });
     }
     T sum_x = 0;
     if (p.alpha > T(0) && p.weights != nullptr) {
@@ -718,7 +721,7 @@ class LocalSumGather {
     if (p.entropy && m != neg_inf<T>() && !seed_max_is_marked(m)) {
       h = in.template sum<T>(m_a.n, [&](std::int64_t j) {
         const T u = p.template transform<Capped>(to_compute(x[j])) - m;
-        const T e = fast_exp(u);
+        const T e = fast_exp_no_overflow(u);
         return select(e == T(0), T(0), e * u);
       });
     }
@@ -922,7 +925,7 @@ class Finalize {
           T f, fb, d, m_c;
         };
         auto chunk_k = [&](std::int64_t j) {
-          const T m_c = m_stored.chunk_max(i, j / chunk_cols), big_f = fast_exp(m_c - l);
+          const T m_c = m_stored.chunk_max(i, j / chunk_cols), big_f = fast_exp_no_overflow(m_c - l);
           return ChunkK{big_f * kp * p.scale, big_f * kb * p.scale, mu + (r.m - m_c), m_c};
         };
         auto write_chunks = [&](const auto& term, const auto& smooth) {
@@ -967,11 +970,11 @@ class Finalize {
               },
               fix_at, fix, m_store, Ahead::of(x));
         };
-        auto softmax = [&](T xj) { return fast_exp(xj - l) * kp; };
+        auto softmax = [&](T xj) { return fast_exp_no_overflow(xj - l) * kp; };
         // The entropy's term p_j beta (mu - x_j): 0 where p_j is 0 (a -inf logit).
         const T kb = gi * p.beta;
         auto entropic = [&](T xj) {
-          const T e = fast_exp(xj - l);
+          const T e = fast_exp_no_overflow(xj - l);
           return select(e == T(0), T(0), e * (kp + kb * (mu - (xj - r.m))));
         };
         // The terms of the target distribution at column j: A w_j / V, and with probability targets

@@ -56,7 +56,7 @@ KOKKOS_INLINE_FUNCTION RowStats<T> merge(const RowStats<T>& a, const RowStats<T>
     r.s = hi.s + T(0) * lo.s;
     r.h = hi.h + T(0) * lo.h;
   } else {
-    const T d = lo.m - hi.m, e = fast_exp(d);
+    const T d = lo.m - hi.m, e = fast_exp_no_overflow(d);
     r.s = hi.s + lo.s * e;
     r.h = hi.h + (lo.h + d * lo.s) * e;
   }
