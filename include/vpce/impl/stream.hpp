@@ -9,7 +9,6 @@
 /// compiler targets is used. Elsewhere a plain copy.
 
 #include <Kokkos_Core.hpp>
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -60,7 +59,8 @@ KOKKOS_FORCEINLINE_FUNCTION void stream_fence() {
 KOKKOS_INLINE_FUNCTION void stream_copy(void* dst, const void* src, std::size_t bytes) {
   auto* d = static_cast<char*>(dst);
   const auto* s = static_cast<const char*>(src);
-  const std::size_t head = std::min<std::size_t>(bytes, (64 - reinterpret_cast<std::uintptr_t>(d) % 64) % 64);
+  const std::size_t to_line = (64 - reinterpret_cast<std::uintptr_t>(d) % 64) % 64;
+  const std::size_t head = bytes < to_line ? bytes : to_line;  // not std::min: a host function for nvcc
   std::memcpy(d, s, head);
   std::size_t k = head;
   for (; k + 64 <= bytes; k += 64) stream_line(d + k, s + k);
