@@ -43,7 +43,8 @@ KOKKOS_FORCEINLINE_FUNCTION float fast_exp_no_overflow(float x) {
   p = p * r + 0.9999998211860657f;
   p = p * r + 2.0f;
   p = p * r + 2.0f;
-  // The low bits of t hold n (two's complement) for |n| < 2^22; outside [lo, hi] the selects below win.
+  // The low bits of t hold n (two's complement) for |n| < 2^22; below lo the select below wins (above 89,
+  // fast_exp's).
   const float scale = from_bits(std::uint32_t((as_bits(t) - as_bits(magic) + 126u) << 23));
   const float e = p * scale;  // NaN for a NaN x
   return select(x < lo, 0.0f, e);
