@@ -10,21 +10,42 @@ if(_vpce_mpiexec_version MATCHES "Open MPI|OpenRTE" AND NOT VPCE_TEST_MPIEXEC_PR
   list(APPEND VPCE_TEST_MPIEXEC_PREFLAGS --oversubscribe)
 endif()
 
-# vpce_mpi_test_environment(<out-var> [THREADS <n>])
+# Where each test's OpenMPI session directories go: OpenMPI 4 creates its session directory tree
+# (<tmp>/ompi.<host>.<uid>/...) with a race between two mpiexec starting at once ("A call to mkdir was unable
+# to create the desired directory ... File exists", open-mpi/ompi#8510): seen when CTest started two MPI
+# tests together on a fresh machine. Each test gets its own base directory, short (a hash of the build folder
+# and of the test's name) because PMIx's sockets live below it and a socket path has at most 107 bytes.
+if(DEFINED ENV{TMPDIR} AND IS_DIRECTORY "$ENV{TMPDIR}")
+  set(_vpce_tmp "$ENV{TMPDIR}")
+else()
+  set(_vpce_tmp /tmp)
+endif()
+string(SHA1 _vpce_build_hash "${PROJECT_BINARY_DIR}")
+string(SUBSTRING "${_vpce_build_hash}" 0 8 _vpce_build_hash)
+set(VPCE_TEST_MPI_SESSION_ROOT "${_vpce_tmp}/vpce-${_vpce_build_hash}")
+
+# vpce_mpi_test_environment(<out-var> TEST <name> [THREADS <n>])
 #
 # The environment of every test that starts MPI (also those that are not vpce_add_mpi_test's, e.g. the install
 # test and the fuzzer, whose programs call MPI_Init as singletons): OpenMPI refuses to run as root without the
 # first two (MPICH ignores them); idle ranks yield their core (the CI machine has 2 cores and the tests run up
-# to 4 ranks); no OpenMP thread pinning (ranks share cores); <n> OpenMP threads per rank (default 1).
+# to 4 ranks); the test's own OpenMPI session directory (above); no OpenMP thread pinning (ranks share cores);
+# <n> OpenMP threads per rank (default 1).
 function(vpce_mpi_test_environment out)
-  cmake_parse_arguments(PARSE_ARGV 1 arg "" "THREADS" "")
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "THREADS;TEST" "")
+  if(NOT arg_TEST)
+    message(FATAL_ERROR "vpce_mpi_test_environment: TEST <name> is required")
+  endif()
   if(NOT DEFINED arg_THREADS)
     set(arg_THREADS 1)
   endif()
+  string(SHA1 test_hash "${arg_TEST}")
+  string(SUBSTRING "${test_hash}" 0 8 test_hash)
   set(${out}
     OMPI_ALLOW_RUN_AS_ROOT=1
     OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
     OMPI_MCA_mpi_yield_when_idle=1
+    OMPI_MCA_orte_tmpdir_base=${VPCE_TEST_MPI_SESSION_ROOT}/${test_hash}
     OMP_PROC_BIND=false
     OMP_NUM_THREADS=${arg_THREADS}
     PARENT_SCOPE)
@@ -60,8 +81,6 @@ function(vpce_add_mpi_test)
   if(NOT DEFINED arg_THREADS)
     set(arg_THREADS 1)
   endif()
-  vpce_mpi_test_environment(env THREADS ${arg_THREADS})
-  list(APPEND env ${arg_ENVIRONMENT})
   set(labels mpi ${arg_LABELS})
   list(REMOVE_DUPLICATES labels)
 
@@ -77,6 +96,8 @@ function(vpce_add_mpi_test)
     else()
       set(command ${arg_COMMAND} ${arg_ARGS})
     endif()
+    vpce_mpi_test_environment(env TEST ${name} THREADS ${arg_THREADS})
+    list(APPEND env ${arg_ENVIRONMENT})
     string(REPLACE "@NP@" "${np}" command "${command}")
     string(REPLACE "@NP@" "${np}" np_env "${env}")
     string(REPLACE "@NP@" "${np}" np_properties "${arg_PROPERTIES}")
