@@ -1,14 +1,18 @@
 // The host math of the kernels (vpce/impl/math.hpp, vpce/half.hpp), element by element against the C
 // library: fast_exp's relative error over the whole range it computes, its out-of-range results and
-// non-finite inputs; fast_tanh's absolute error; every float16 bit pattern through float and back.
+// non-finite inputs; fast_tanh's absolute error; every float16 bit pattern through float and back; the
+// host's rounding of lines of floats to bfloat16 and float16 (by the CPU's instructions where the build has
+// them) against the scalar conversions. Compiled with the library's own flags (unit_tests/CMakeLists.txt).
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <random>
 
 #include "vpce/half.hpp"
+#include "vpce/impl/kernels.hpp"
 #include "vpce/impl/math.hpp"
 
 namespace {
@@ -132,5 +136,39 @@ TEST(Math, Float16AllPatterns) {
     ASSERT_EQ(vpce::float16(f).bits, h.bits) << b;
   }
 }
+
+// The gradient's lines of 16-bit values (HostInner::round_line: the CPU's conversion instructions where built
+// for them) have bfloat16(float)'s and float16(float)'s bits: every 61st line of 32 consecutive bit patterns
+// (every sign and exponent, NaN payloads, the lines of subnormals), and lines of normal floats with a
+// subnormal or a NaN at each position (lines the instructions would round otherwise are done in software).
+template <class G>
+void expect_lines_same_bits_as_scalar() {
+  constexpr int lanes = 32;
+  auto check = [](const std::uint32_t* u) {
+    alignas(64) G line[lanes];
+    vpce::impl::HostInner::round_line(line, [&](std::int64_t l) { return vpce::impl::from_bits(u[l]); }, 0);
+    for (int l = 0; l < lanes; ++l) {
+      if (line[l].bits != G(vpce::impl::from_bits(u[l])).bits) return ::testing::AssertionFailure() << std::hex << u[l];
+    }
+    return ::testing::AssertionSuccess();
+  };
+  std::uint32_t u[lanes];
+  for (std::uint64_t b = 0; b < (std::uint64_t(1) << 32); b += 61 * lanes) {
+    for (int l = 0; l < lanes; ++l) u[l] = std::uint32_t(b + l);
+    ASSERT_TRUE(check(u));
+  }
+  std::mt19937 gen(7);
+  std::uniform_int_distribution<std::uint32_t> normal(0x00800000u, 0x7f7fffffu), sub(1u, 0x007fffffu),
+      nan(0x7f800001u, 0x7fffffffu);
+  for (int at = 0; at < lanes; ++at) {
+    for (int l = 0; l < lanes; ++l) u[l] = normal(gen) | (l % 2 == 0 ? 0u : 0x80000000u);
+    u[at] = sub(gen) | (at % 3 == 0 ? 0x80000000u : 0u);
+    ASSERT_TRUE(check(u));
+    u[at] = nan(gen) | (at % 3 == 0 ? 0x80000000u : 0u);
+    ASSERT_TRUE(check(u));
+  }
+}
+TEST(Math, Bfloat16LinesSameBitsAsScalar) { expect_lines_same_bits_as_scalar<vpce::bfloat16>(); }
+TEST(Math, Float16LinesSameBitsAsScalar) { expect_lines_same_bits_as_scalar<vpce::float16>(); }
 
 }  // namespace

@@ -17,12 +17,14 @@ namespace vpce {
 struct bfloat16 {
   std::uint16_t bits;
   bfloat16() = default;
-  /// Round to nearest even; NaN stays NaN.
+  /// Round to nearest even; NaN stays NaN. The choice is impl::select, never `?:`: GCC turned that into a
+  /// branch with a store in each arm where the result is stored straight into an array, and left the loop
+  /// scalar.
   KOKKOS_FORCEINLINE_FUNCTION explicit bfloat16(float f) {
     const std::uint32_t u = impl::as_bits(f);
     const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
     const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-    bits = static_cast<std::uint16_t>(nan ? ((u >> 16) | 0x40u) : rounded);
+    bits = static_cast<std::uint16_t>(impl::select(nan, (u >> 16) | 0x40u, rounded));
   }
   KOKKOS_FORCEINLINE_FUNCTION explicit operator float() const { return impl::from_bits(std::uint32_t(bits) << 16); }
 };

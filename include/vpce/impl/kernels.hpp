@@ -28,11 +28,29 @@
 #define VPCE_SIMD_REDUCE(op, var) VPCE_PRAGMA(omp simd reduction(op : var))  // NOLINT(bugprone-macro-parentheses)
 #define VPCE_SIMD VPCE_PRAGMA(omp simd)
 #endif
+// On HostInner's functions that hold the vector loops: everything they call is inlined into them, whatever
+// the compiler's size limits. GCC otherwise stops inlining into a large function ("large-function-growth
+// limit reached"), and a lambda called per element then stays a call: the loop is scalar. That happened to
+// the statistics of float16 logits under -march=native (20x slower) while the same code was vectorised for
+// x86-64-v4: it depends on the TU and the tuning, so it is not left to the heuristics.
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && !defined(__HIPCC__) && \
+    !defined(__SYCL_DEVICE_ONLY__)
+#define VPCE_FLATTEN __attribute__((flatten))
+#else
+#define VPCE_FLATTEN
+#endif
 
 namespace vpce::impl {
 
 // ---------------------------------------------------------------------------------------------------------
 // Inner policies
+
+/// x rounded to the storage type G, returned by value: an omp simd loop that stores G(x) straight into an array
+/// was left scalar by GCC (the object constructed in the loop's body became a per-lane temporary array).
+template <class G, class T>
+KOKKOS_FORCEINLINE_FUNCTION G to_storage(T x) {
+  return G(x);
+}
 
 /// x if x is NaN, else 0: summed over a slice whose max is -inf, it turns a hidden NaN into a NaN sum.
 template <class T>
@@ -102,7 +120,7 @@ enum class Store { plain, streaming };
 /// The host's policy: a row is one thread's vectorised loops.
 struct HostInner {
   template <class T, class F>
-  KOKKOS_FORCEINLINE_FUNCTION T max(std::int64_t n, const F& f) const {
+  KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN T max(std::int64_t n, const F& f) const {
     T m = neg_inf<T>();
     VPCE_SIMD_REDUCE(max, m)
     for (std::int64_t j = 0; j < n; ++j) {
@@ -132,7 +150,7 @@ struct HostInner {
   /// K sums at once, f(j) giving column j's K terms (Terms<T, K>), each summed as sum() does, and *max = the
   /// max of g(j), in one pass; the row f reads from memory is prefetched `ahead` (stream.hpp).
   template <class T, int K, int Lanes = 16, class F, class G>
-  KOKKOS_FORCEINLINE_FUNCTION Terms<T, K> sums_max(std::int64_t n, const F& f, const G& g, T* max,
+  KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN Terms<T, K> sums_max(std::int64_t n, const F& f, const G& g, T* max,
                                                    const Ahead& ahead = {}) const {
     static_assert(K == 1 || K == 2, "one or two sums");
     constexpr std::int64_t lanes = Lanes, chunk = 32 * lanes;
@@ -196,17 +214,36 @@ struct HostInner {
     return out;
   }
   template <class F>
-  KOKKOS_FORCEINLINE_FUNCTION void for_each(std::int64_t n, const F& f) const {
+  KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN void for_each(std::int64_t n, const F& f) const {
     VPCE_SIMD
     for (std::int64_t j = 0; j < n; ++j) f(j);
   }
-  /// y[j] = v(j) (a G) for j in [0, n), then y[c] = fix if 0 <= c < n; the row v reads from memory is
-  /// prefetched `ahead`. Store::streaming (rows of at least a line): y's whole 64-byte lines are formed a line
-  /// at a time in registers and written with streaming stores (stream.hpp), the row written once and never
-  /// read; the columns before its first line and after its last one are copied with plain stores from a line
-  /// formed at the row's first (last) columns, so that every loop is a whole vector line.
+  /// line[l] = to_storage<G>(v(j + l)) for the columns of a 64-byte line of G (v gives G's compute type). A 16-bit G is
+  /// rounded by the CPU's conversion instructions where the build has them (round_line_hw, stream.hpp), with
+  /// the same bits as G(float).
   template <class G, class F>
-  KOKKOS_FORCEINLINE_FUNCTION void store(std::int64_t n, G* y, const F& v, std::int64_t c, G fix, Store how,
+  KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN static void round_line(G* line, const F& v, std::int64_t j) {
+    constexpr std::int64_t lanes = 64 / std::int64_t(sizeof(G));
+    if constexpr (have_round_line_hw<G>) {
+      alignas(64) float f[lanes];
+      VPCE_SIMD
+      for (std::int64_t l = 0; l < lanes; ++l) f[l] = v(j + l);
+      if (round_line_hw(line, f)) return;
+      VPCE_SIMD
+      for (std::int64_t l = 0; l < lanes; ++l) line[l] = to_storage<G>(f[l]);
+    } else {
+      VPCE_SIMD
+      for (std::int64_t l = 0; l < lanes; ++l) line[l] = to_storage<G>(v(j + l));
+    }
+  }
+  /// y[j] = to_storage<G>(v(j)) for j in [0, n) (v gives G's compute type), then y[c] = fix if 0 <= c < n; the row v
+  /// reads from memory is prefetched `ahead`. Store::streaming (rows of at least a line): y's whole 64-byte
+  /// lines are formed a line at a time in registers (round_line) and written with streaming stores
+  /// (stream.hpp), the row written once and never read; the columns before its first line and after its last
+  /// one are copied with plain stores from a line formed at the row's first (last) columns, so that every loop
+  /// is a whole vector line.
+  template <class G, class F>
+  KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN void store(std::int64_t n, G* y, const F& v, std::int64_t c, G fix, Store how,
                                          const Ahead& ahead = {}) const {
     constexpr std::int64_t lanes = 64 / std::int64_t(sizeof(G));  // columns per line
     const std::int64_t off = std::int64_t(reinterpret_cast<std::uintptr_t>(y) % 64);
@@ -214,10 +251,7 @@ struct HostInner {
       fill(n, y, v, ahead);
     } else {
       alignas(64) G line[lanes];
-      auto form = [&](std::int64_t j) {  // line = columns [j, j + lanes)
-        VPCE_SIMD
-        for (std::int64_t l = 0; l < lanes; ++l) line[l] = v(j + l);
-      };
+      auto form = [&](std::int64_t j) { round_line(line, v, j); };  // line = columns [j, j + lanes)
       const std::int64_t head = (lanes - off / std::int64_t(sizeof(G))) % lanes;  // columns before y's first line
       if (head > 0) {
         form(0);
@@ -264,16 +298,16 @@ struct HostInner {
  private:
   /// y[j] = v(j) for j in [0, n), prefetching `ahead` once per 64 bytes of y.
   template <class G, class F>
-  KOKKOS_FORCEINLINE_FUNCTION void fill(std::int64_t n, G* y, const F& v, const Ahead& ahead) const {
+  KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN void fill(std::int64_t n, G* y, const F& v, const Ahead& ahead) const {
     constexpr std::int64_t lanes = 64 / std::int64_t(sizeof(G));
     const std::int64_t whole = n - n % lanes;
     for (std::int64_t j = 0; j < whole; j += lanes) {
       ahead.at(j, lanes);
       VPCE_SIMD
-      for (std::int64_t l = 0; l < lanes; ++l) y[j + l] = v(j + l);
+      for (std::int64_t l = 0; l < lanes; ++l) y[j + l] = to_storage<G>(v(j + l));
     }
     VPCE_SIMD
-    for (std::int64_t j = whole; j < n; ++j) y[j] = v(j);
+    for (std::int64_t j = whole; j < n; ++j) y[j] = to_storage<G>(v(j));
   }
 
   /// online_stats with K = 1 (s) or 2 (s and h) sums.
@@ -355,7 +389,7 @@ struct HostInner {
   /// m = -inf (every logit so far -inf or NaN) the sums are 0 -- s NaN if a NaN hides among them -- and y
   /// gets zeros.
   template <int K, bool WithMax, int Lanes, class T, class Z, class X>
-  KOKKOS_INLINE_FUNCTION Terms<T, K> exp_sums(std::int64_t len, const Z& z, const X& x, T* y, T m, T* cz,
+  KOKKOS_INLINE_FUNCTION VPCE_FLATTEN Terms<T, K> exp_sums(std::int64_t len, const Z& z, const X& x, T* y, T m, T* cz,
                                               const Ahead& ahead) const {
     auto no_max = [](std::int64_t) { return neg_inf<T>(); };
     if constexpr (!WithMax) {
@@ -471,11 +505,11 @@ struct TeamInner {
     Kokkos::parallel_reduce(Kokkos::TeamThreadRange(member, n), f, OnlineReducer<T>(r));
     return r;
   }
-  /// y[j] = v(j) for j in [0, n), then y[c] = fix if 0 <= c < n (plain stores: a device writes whole lines).
+  /// y[j] = to_storage<G>(v(j)) for j in [0, n), then y[c] = fix if 0 <= c < n (plain stores: a device writes whole lines).
   template <class G, class F>
   KOKKOS_FORCEINLINE_FUNCTION void store(std::int64_t n, G* y, const F& v, std::int64_t c, G fix, Store,
                                          const Ahead& = {}) const {
-    for_each(n, [&](std::int64_t j) { y[j] = v(j); });
+    for_each(n, [&](std::int64_t j) { y[j] = to_storage<G>(v(j)); });
     barrier();
     if (c >= 0 && c < n) single([&]() { y[c] = fix; });
   }
@@ -909,7 +943,7 @@ class Finalize {
       in.barrier();
       if (What == Write::grad && !valid) {
         in.store(
-            m_a.n, yr, [&](std::int64_t) { return G(T(0)); }, -1, G(T(0)), m_store);
+            m_a.n, yr, [&](std::int64_t) { return T(0); }, -1, G(T(0)), m_store);
       } else if constexpr (From == Source::stored_exp) {
         // p_j = e_j exp(m_c - lse), e_j the stored exp of column j relative to its chunk's max m_c. With an
         // entropy weight the term p_j beta (mu - x_j) needs x_j: read from the logits (still in cache), and
@@ -936,7 +970,7 @@ class Finalize {
             const ChunkK k = chunk_k(j0);
             const T* ec = er + j0;
             in.store(
-                len, yr + j0, [&](std::int64_t j) { return G(term(ec[j], j0 + j, k) - smooth(j0 + j)); },
+                len, yr + j0, [&](std::int64_t j) { return term(ec[j], j0 + j, k) - smooth(j0 + j); },
                 fix_at - j0, G(fix), m_store);
           }
         };
@@ -966,7 +1000,7 @@ class Finalize {
               m_a.n, yr,
               [&](std::int64_t j) {
                 const T xj = p.template transform<Capped>(to_compute(x[j]));
-                return G((term(xj) - smooth(j)) * p.template chain<Capped>(xj));
+                return (term(xj) - smooth(j)) * p.template chain<Capped>(xj);
               },
               fix_at, fix, m_store, Ahead::of(x));
         };
@@ -1084,7 +1118,7 @@ class BackwardFromStash {
     const std::int64_t fix_at = c >= 0 && gi != T(0) ? c : -1;
     const G fix = G(fix_at >= 0 ? (q[c] - m_stash_target(i)) * gi : T(0));
     in.store(
-        m_a.n, yr, [&](std::int64_t j) { return G(q[j] * gi); }, fix_at, fix, m_store, Ahead::of(q));
+        m_a.n, yr, [&](std::int64_t j) { return q[j] * gi; }, fix_at, fix, m_store, Ahead::of(q));
   }
 
  private:

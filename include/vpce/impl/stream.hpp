@@ -1,7 +1,8 @@
 #pragma once
 /// \file stream.hpp
-/// \brief Copies with streaming (non-temporal) stores on the host, and the software prefetch of the rows the
-/// host's loops stream through.
+/// \brief Copies with streaming (non-temporal) stores on the host, the software prefetch of the rows the
+/// host's loops stream through, and the rounding of a line of floats to a 16-bit type by the CPU's own
+/// conversion instructions.
 ///
 /// A plain store to a line that is not in cache first reads the line (read-for-ownership): a copy of B bytes
 /// moves 3B through memory. Streaming stores write whole lines without reading them (2B), the STREAM
@@ -13,12 +14,25 @@
 #include <cstdint>
 #include <cstring>
 
+#include "vpce/half.hpp"
+
 #if (defined(__x86_64__) || defined(_M_X64)) && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__) && \
     !defined(__SYCL_DEVICE_ONLY__)
 #include <immintrin.h>
 #define VPCE_HAVE_STREAMING_STORES 1
 #else
 #define VPCE_HAVE_STREAMING_STORES 0
+#endif
+// The CPU's float -> 16-bit conversions (round_line_hw), where the compiler targets them.
+#if VPCE_HAVE_STREAMING_STORES && defined(__AVX512BF16__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
+#define VPCE_HW_ROUND_BFLOAT16 1
+#else
+#define VPCE_HW_ROUND_BFLOAT16 0
+#endif
+#if VPCE_HAVE_STREAMING_STORES && defined(__F16C__)
+#define VPCE_HW_ROUND_FLOAT16 1
+#else
+#define VPCE_HW_ROUND_FLOAT16 0
 #endif
 
 namespace vpce::impl {
@@ -27,13 +41,15 @@ namespace vpce::impl {
 inline constexpr bool have_streaming_stores = VPCE_HAVE_STREAMING_STORES != 0;
 
 /// Writes the 64-byte line at dst (64-byte aligned) from src (any alignment) with streaming stores where the
-/// CPU has them (the widest the compiler targets), else a plain copy. Weakly ordered: stream_fence() before
-/// other threads may read the line.
+/// CPU has them, else a plain copy. Weakly ordered: stream_fence() before other threads may read the line.
+/// With AVX (AVX-512 too) src is read and written in 32-byte halves: the callers form src in a buffer just
+/// before, and GCC stores it in 256-bit halves also on AVX-512 CPUs (its default -mprefer-vector-width=256
+/// there); a 64-byte load of two 32-byte stores cannot be forwarded from them and stalls (measured: half of
+/// a bfloat16 gradient's time on an AVX-512 Xeon). The two streaming stores fill one line of the
+/// write-combining buffer, as one 64-byte store would.
 KOKKOS_FORCEINLINE_FUNCTION void stream_line(void* dst, const void* src) {
 #if VPCE_HAVE_STREAMING_STORES
-#if defined(__AVX512F__)
-  _mm512_stream_si512(static_cast<__m512i*>(dst), _mm512_loadu_si512(src));
-#elif defined(__AVX__)
+#if defined(__AVX__)
   for (int k = 0; k < 2; ++k)
     _mm256_stream_si256(static_cast<__m256i*>(dst) + k, _mm256_loadu_si256(static_cast<const __m256i*>(src) + k));
 #else
@@ -66,6 +82,60 @@ KOKKOS_INLINE_FUNCTION void stream_copy(void* dst, const void* src, std::size_t 
   for (; k + 64 <= bytes; k += 64) stream_line(d + k, s + k);
   std::memcpy(d + k, s + k, bytes - k);
   stream_fence();
+}
+
+/// Whether round_line_hw has instructions for G on this build.
+template <class G>
+inline constexpr bool have_round_line_hw = (std::is_same_v<G, bfloat16> && VPCE_HW_ROUND_BFLOAT16 != 0) ||
+                                           (std::is_same_v<G, float16> && VPCE_HW_ROUND_FLOAT16 != 0);
+
+/// line[l] = G(f[l]) for the 32 floats of a line of 16-bit G, by the CPU's conversion instructions where the
+/// compiler targets them: AVX512-BF16's vcvtne2ps2bf16 for bfloat16 (AVX-512 CPUs since Cooper Lake and
+/// Zen 4), F16C's vcvtps2ph for float16 (every x86-64-v3 CPU). Both round to nearest even as bfloat16(float)
+/// and float16(float) do, bit for bit, except where the instruction treats a value otherwise: vcvtne2ps2bf16
+/// flushes subnormal floats to zero, vcvtps2ph keeps a NaN's payload (float16(float) gives 0x7e00). A line
+/// holding such a value is left to the caller: false (always where the build has no such instruction), and
+/// the caller rounds it in software. So the bits never depend on the ISA (test_math checks every 61st float).
+/// In software the rounding is ~10 (bfloat16) to ~20 (float16) integer operations per vector.
+template <class G>
+KOKKOS_FORCEINLINE_FUNCTION bool round_line_hw(G* line, const float* f) {
+  static_assert(is_16bit_v<G>, "a 16-bit type");
+  // f is read in 256-bit pieces, the width GCC stores it in (see stream_line), also with AVX-512.
+#if VPCE_HW_ROUND_BFLOAT16
+  if constexpr (std::is_same_v<G, bfloat16>) {
+    __m256 v[4];
+    unsigned sub = 0;
+    for (int k = 0; k < 4; ++k) {
+      v[k] = _mm256_loadu_ps(f + 8 * k);
+      sub |= _mm256_fpclass_ps_mask(v[k], 0x20);  // 0x20: VFPCLASSPS's class "subnormal"
+    }
+    if (sub != 0) return false;
+    for (int k = 0; k < 2; ++k) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(line) + k,
+                          reinterpret_cast<__m256i>(_mm256_cvtne2ps_pbh(v[2 * k + 1], v[2 * k])));
+    }
+    return true;
+  }
+#endif
+#if VPCE_HW_ROUND_FLOAT16
+  if constexpr (std::is_same_v<G, float16>) {
+    __m256 v[4];
+    int nan = 0;
+    for (int k = 0; k < 4; ++k) {
+      v[k] = _mm256_loadu_ps(f + 8 * k);
+      nan |= _mm256_movemask_ps(_mm256_cmp_ps(v[k], v[k], _CMP_UNORD_Q));
+    }
+    if (nan != 0) return false;
+    for (int k = 0; k < 4; ++k) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(line) + k,
+                       _mm256_cvtps_ph(v[k], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    return true;
+  }
+#endif
+  (void)line;
+  (void)f;
+  return false;
 }
 
 /// How far ahead of its loads a host loop that streams a row prefetches, in bytes (HostInner, kernels.hpp).
