@@ -105,12 +105,12 @@ KOKKOS_FORCEINLINE_FUNCTION bool round_line_hw(G* line, const float* f) {
   if constexpr (std::is_same_v<G, bfloat16>) {
     __m256 v[4];
     unsigned sub = 0;
-    for (int k = 0; k < 4; ++k) {
+    for (std::ptrdiff_t k = 0; k < 4; ++k) {
       v[k] = _mm256_loadu_ps(f + 8 * k);
       sub |= _mm256_fpclass_ps_mask(v[k], 0x20);  // 0x20: VFPCLASSPS's class "subnormal"
     }
     if (sub != 0) return false;
-    for (int k = 0; k < 2; ++k) {
+    for (std::ptrdiff_t k = 0; k < 2; ++k) {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(line) + k,
                           reinterpret_cast<__m256i>(_mm256_cvtne2ps_pbh(v[2 * k + 1], v[2 * k])));
     }
@@ -121,12 +121,12 @@ KOKKOS_FORCEINLINE_FUNCTION bool round_line_hw(G* line, const float* f) {
   if constexpr (std::is_same_v<G, float16>) {
     __m256 v[4];
     int nan = 0;
-    for (int k = 0; k < 4; ++k) {
+    for (std::ptrdiff_t k = 0; k < 4; ++k) {
       v[k] = _mm256_loadu_ps(f + 8 * k);
       nan |= _mm256_movemask_ps(_mm256_cmp_ps(v[k], v[k], _CMP_UNORD_Q));
     }
     if (nan != 0) return false;
-    for (int k = 0; k < 4; ++k) {
+    for (std::ptrdiff_t k = 0; k < 4; ++k) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(line) + k,
                        _mm256_cvtps_ph(v[k], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     }
