@@ -141,12 +141,17 @@ TEST(Math, Float16AllPatterns) {
 // for them) have bfloat16(float)'s and float16(float)'s bits: every 61st line of 32 consecutive bit patterns
 // (every sign and exponent, NaN payloads, the lines of subnormals), and lines of normal floats with a
 // subnormal or a NaN at each position (lines the instructions would round otherwise are done in software).
+// Column l of a line: the float with bits u[l] (host and device, as the kernels' callbacks: round_line is).
+struct FromBits {
+  const std::uint32_t* u;
+  KOKKOS_INLINE_FUNCTION float operator()(std::int64_t l) const { return vpce::impl::from_bits(u[l]); }
+};
 template <class G>
 void expect_lines_same_bits_as_scalar() {
   constexpr int lanes = 32;
   auto check = [](const std::uint32_t* u) {
     alignas(64) G line[lanes];
-    vpce::impl::HostInner::round_line(line, [&](std::int64_t l) { return vpce::impl::from_bits(u[l]); }, 0);
+    vpce::impl::HostInner::round_line(line, FromBits{u}, 0);
     for (int l = 0; l < lanes; ++l) {
       if (line[l].bits != G(vpce::impl::from_bits(u[l])).bits) return ::testing::AssertionFailure() << std::hex << u[l];
     }

@@ -101,35 +101,38 @@ template <class G>
 KOKKOS_FORCEINLINE_FUNCTION bool round_line_hw(G* line, const float* f) {
   static_assert(is_16bit_v<G>, "a 16-bit type");
   // f is read in 256-bit pieces, the width GCC stores it in (see stream_line), also with AVX-512.
-#if VPCE_HW_ROUND_BFLOAT16
-  if constexpr (std::is_same_v<G, bfloat16>) {
+#if VPCE_HW_ROUND_BFLOAT16 || VPCE_HW_ROUND_FLOAT16
+  if constexpr (have_round_line_hw<G>) {
     __m256 v[4];
-    unsigned sub = 0;
+    unsigned other = 0;  // lanes the instruction would round otherwise
     for (std::ptrdiff_t k = 0; k < 4; ++k) {
       v[k] = _mm256_loadu_ps(f + 8 * k);
-      sub |= _mm256_fpclass_ps_mask(v[k], 0x20);  // 0x20: VFPCLASSPS's class "subnormal"
-    }
-    if (sub != 0) return false;
-    for (std::ptrdiff_t k = 0; k < 2; ++k) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(line) + k,
-                          reinterpret_cast<__m256i>(_mm256_cvtne2ps_pbh(v[2 * k + 1], v[2 * k])));
-    }
-    return true;
-  }
+#if VPCE_HW_ROUND_BFLOAT16
+      if constexpr (std::is_same_v<G, bfloat16>) other |= _mm256_fpclass_ps_mask(v[k], 0x20);  // 0x20: subnormal
 #endif
 #if VPCE_HW_ROUND_FLOAT16
-  if constexpr (std::is_same_v<G, float16>) {
-    __m256 v[4];
-    int nan = 0;
-    for (std::ptrdiff_t k = 0; k < 4; ++k) {
-      v[k] = _mm256_loadu_ps(f + 8 * k);
-      nan |= _mm256_movemask_ps(_mm256_cmp_ps(v[k], v[k], _CMP_UNORD_Q));
+      if constexpr (std::is_same_v<G, float16>) {
+        other |= unsigned(_mm256_movemask_ps(_mm256_cmp_ps(v[k], v[k], _CMP_UNORD_Q)));  // NaN
+      }
+#endif
     }
-    if (nan != 0) return false;
-    for (std::ptrdiff_t k = 0; k < 4; ++k) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(line) + k,
-                       _mm256_cvtps_ph(v[k], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    if (other != 0) return false;
+#if VPCE_HW_ROUND_BFLOAT16
+    if constexpr (std::is_same_v<G, bfloat16>) {
+      for (std::ptrdiff_t k = 0; k < 2; ++k) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(line) + k,
+                            reinterpret_cast<__m256i>(_mm256_cvtne2ps_pbh(v[2 * k + 1], v[2 * k])));
+      }
     }
+#endif
+#if VPCE_HW_ROUND_FLOAT16
+    if constexpr (std::is_same_v<G, float16>) {
+      for (std::ptrdiff_t k = 0; k < 4; ++k) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(line) + k,
+                         _mm256_cvtps_ph(v[k], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      }
+    }
+#endif
     return true;
   }
 #endif
