@@ -218,7 +218,7 @@ struct HostInner {
     VPCE_SIMD
     for (std::int64_t j = 0; j < n; ++j) f(j);
   }
-  /// line[l] = to_storage<G>(v(j + l)) for the columns of a 64-byte line of G (v gives G's compute type). A 16-bit G is
+  /// line[l] = G(v(j + l)) for the columns of a 64-byte line of G (v gives G's compute type). A 16-bit G is
   /// rounded by the CPU's conversion instructions where the build has them (round_line_hw, stream.hpp), with
   /// the same bits as G(float).
   template <class G, class F>
@@ -236,7 +236,7 @@ struct HostInner {
       for (std::int64_t l = 0; l < lanes; ++l) line[l] = to_storage<G>(v(j + l));
     }
   }
-  /// y[j] = to_storage<G>(v(j)) for j in [0, n) (v gives G's compute type), then y[c] = fix if 0 <= c < n; the row v
+  /// y[j] = G(v(j)) for j in [0, n) (v gives G's compute type), then y[c] = fix if 0 <= c < n; the row v
   /// reads from memory is prefetched `ahead`. Store::streaming (rows of at least a line): y's whole 64-byte
   /// lines are formed a line at a time in registers (round_line) and written with streaming stores
   /// (stream.hpp), the row written once and never read; the columns before its first line and after its last
@@ -505,7 +505,7 @@ struct TeamInner {
     Kokkos::parallel_reduce(Kokkos::TeamThreadRange(member, n), f, OnlineReducer<T>(r));
     return r;
   }
-  /// y[j] = to_storage<G>(v(j)) for j in [0, n), then y[c] = fix if 0 <= c < n (plain stores: a device writes whole lines).
+  /// y[j] = G(v(j)) for j in [0, n), then y[c] = fix if 0 <= c < n (plain stores: a device writes whole lines).
   template <class G, class F>
   KOKKOS_FORCEINLINE_FUNCTION void store(std::int64_t n, G* y, const F& v, std::int64_t c, G fix, Store,
                                          const Ahead& = {}) const {
