@@ -243,8 +243,8 @@ struct HostInner {
   /// one are copied with plain stores from a line formed at the row's first (last) columns, so that every loop
   /// is a whole vector line.
   template <class G, class F>
-  KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN void store(std::int64_t n, G* y, const F& v, std::int64_t c, G fix, Store how,
-                                         const Ahead& ahead = {}) const {
+  KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN void store(std::int64_t n, G* y, const F& v, std::int64_t c, G fix,
+                                                      Store how, const Ahead& ahead = {}) const {
     constexpr std::int64_t lanes = 64 / std::int64_t(sizeof(G));  // columns per line
     const std::int64_t off = std::int64_t(reinterpret_cast<std::uintptr_t>(y) % 64);
     if (how == Store::plain || n < lanes || off % std::int64_t(sizeof(G)) != 0) {
