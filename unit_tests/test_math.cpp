@@ -153,7 +153,8 @@ void expect_lines_same_bits_as_scalar() {
     alignas(64) G line[lanes];
     vpce::impl::HostInner::round_line(line, FromBits{u}, 0);
     for (int l = 0; l < lanes; ++l) {
-      if (line[l].bits != G(vpce::impl::from_bits(u[l])).bits) return ::testing::AssertionFailure() << std::hex << u[l];
+      const G want(vpce::impl::from_bits(u[l]));
+      if (line[l].bits != want.bits) return ::testing::AssertionFailure() << std::hex << u[l];
     }
     return ::testing::AssertionSuccess();
   };
