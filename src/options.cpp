@@ -18,8 +18,8 @@ std::int64_t default_block_bytes_per_thread() {
 #if defined(_SC_LEVEL2_CACHE_SIZE)
     l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);  // glibc: from cpuid; 0 or -1 where unknown
 #endif
-    if (l2 <= 0) return std::int64_t(1) << 20;
-    return std::clamp<std::int64_t>(l2 / 2, std::int64_t(128) << 10, std::int64_t(8) << 20);
+    if (l2 <= 0) return std::int64_t(256) << 10;
+    return std::clamp<std::int64_t>(l2 / 8, std::int64_t(128) << 10, std::int64_t(8) << 20);
   }();
   return bytes;
 }

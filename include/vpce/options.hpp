@@ -32,8 +32,9 @@ enum class NonFinite {
   propagate  ///< no check: the row's loss and gradient become NaN
 };
 
-/// Half the per-core L2 cache of this machine (two pipelined blocks fill it; sysconf's
-/// _SC_LEVEL2_CACHE_SIZE), within [128 KiB, 8 MiB]; 1 MiB where the size is not known. Options's default.
+/// An eighth of the per-core L2 cache of this machine (sysconf's _SC_LEVEL2_CACHE_SIZE), within [128 KiB,
+/// 8 MiB]; 256 KiB where the size is not known. Options's default: the exps of three blocks, and the logits
+/// streaming past them, stay in L2 (measured best among L2/8, L2/4 and L2/2, perf_tests/NOTES.md).
 std::int64_t default_block_bytes_per_thread();
 
 /// Everything is combinable, and supported by every strategy and memory mode. Must be the same on every
@@ -73,10 +74,11 @@ struct Options {
   /// vpce::Error on every rank. Each record grows by two values (sum q, sum w q).
   bool probability_targets = false;
   /// Rows per block in the fused strategy. A block's all-reduce (MPI_Iallreduce) is in flight while the
-  /// next block's statistics run; then its loss/gradient is written while the next block's all-reduce is in
-  /// flight, so two blocks are live at a time and a block is still in cache when its gradient is written.
-  /// 0: chosen from the slice width so that a thread's share of a block is about `block_bytes_per_thread`,
-  /// by default half the L2 cache of a core.
+  /// next block's statistics run; then its loss/gradient is written in the same launch as the statistics of
+  /// the block after, while that one's all-reduce is in flight: three blocks are live at a time, and a block's
+  /// exps are still in cache when its gradient is written. 0: chosen from the slice width so that a thread's
+  /// share of a block is about `block_bytes_per_thread` (by default an eighth of a core's L2 cache), and 4x
+  /// that for calls that keep no exps (the loss only, the softcap, probability targets).
   std::int64_t block_rows = 0;
   std::int64_t block_bytes_per_thread = default_block_bytes_per_thread();
   /// Run the device form of the kernels (a team per row) on a host execution space too. For testing the

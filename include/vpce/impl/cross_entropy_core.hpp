@@ -43,7 +43,7 @@ struct Workspace {
   int width() const noexcept { return layout.width(); }
   Kokkos::View<T*, MemSpace> lse;
   chunk_max_view<T, MemSpace> chunk_max;  ///< per row chunk, the max its stored exps are relative to
-  /// The fused strategy's exp(x - m) on the host: two blocks' worth, which stay in cache, so the caller's rows
+  /// The fused strategy's exp(x - m) on the host: three blocks' worth, which stay in cache, so the caller's rows
   /// are written once, with streaming stores, and only after the ranks have agreed that the inputs are
   /// valid. Empty on a device (its statistics store no exps).
   Kokkos::View<T**, Kokkos::LayoutRight, MemSpace> exp_scratch;
@@ -190,13 +190,18 @@ struct CallContext {
   /// statistics stored (exps set: the fused strategy on the host) or from the logits.
   void finalize(std::int64_t r0, std::int64_t r1, const RowPtr<T>& exps) const {
     ScopedRegion region("vpce::loss_grad");
+    with_finalize(exps, [&](const auto& f) { for_rows("vpce::finalize", r0, r1, f); });
+  }
+
+  /// launch(f) with the Finalize functor of this call (see finalize()).
+  template <class Launch>
+  void with_finalize(const RowPtr<T>& exps, const Launch& run) const {
     auto launch = [&](auto write, auto source) {
-      Finalize<Scalar, T, G, memory_space, decltype(write)::value, decltype(source)::value, Capped> f(
+      run(Finalize<Scalar, T, G, memory_space, decltype(write)::value, decltype(source)::value, Capped>(
           args, Records<const T, memory_space>{core.ws.records.view(), core.ws.layout},
           LossOut<T, memory_space>{loss, core.ws.lse}, y, g, core.ws.stash_target,
           StoredExps<T, memory_space>{{exps.data, exps.ld, exps.row0}, core.ws.chunk_max},
-          core.template store<G>());
-      for_rows("vpce::finalize", r0, r1, f);
+          core.template store<G>()));
     };
     auto with_write = [&](auto source) {
       if (what == Write::grad) {
@@ -252,7 +257,9 @@ struct CallContext {
   /// disagree: agrees on the message (Communicator::agree) and throws it on every rank.
   [[noreturn]] void throw_agreed() const {
     core.comm.agree_or_throw(error,
-                             {{"the number of tokens N", status.n_rows}, {"the targets (a checksum)", status.checksum}});
+                             {{"the number of tokens N", status.n_rows},
+                              {"the targets (a checksum)", status.checksum},
+                              {"the call (0: forward, 1: forward keeping a stash, 2: loss_and_grad)", status.call}});
     throw Error("internal error: the call status and the agreement on the inputs differ");
   }
 

@@ -229,7 +229,7 @@ void CrossEntropyCore<Scalar, ExecSpace>::call(const logits_view& logits, const 
     valid_weight = double(n_rows);
   }
   const auto g = grad_scale_for(grad_loss, grad_scale, &err);
-  const CallStatus status{!err.empty(), n_rows, checksum};
+  const CallStatus status{!err.empty(), n_rows, checksum, static_cast<std::int64_t>(what)};
 
   const bool capped = opt.softcap > 0;
   const bool fused = opt.strategy == Strategy::fused;

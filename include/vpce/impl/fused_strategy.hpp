@@ -6,18 +6,24 @@
 /// The first block (the head) has min(N, head_rows) rows, and its all-reduce always carries head_rows
 /// records plus the call status (status.hpp): the same size on every rank whatever its N. Until the status
 /// is known nothing the caller sees is written. The other blocks are pipelined: block k+1's statistics run
-/// while block k's all-reduce is in flight, and block k's loss/gradient while block k+1's is; so two blocks
-/// are live in cache at a time, and no request is pending when a bad row throws.
+/// while block k's all-reduce is in flight, and block k's loss/gradient is written in the same launch as
+/// block k+2's statistics (while block k+1's all-reduce is in flight); so three blocks are live at a time,
+/// and no request is pending when a bad row throws.
 ///
 /// On the host (and without the softcap, for calls that write a gradient or a stash) the statistics store
-/// exp(x - m) in a scratch of two blocks (block k in slot k % 2), which stays in cache, and Finalize rescales
-/// them: one exp per element, one read of the logits, the caller's rows only written, once, with streaming
-/// stores, also for a 16-bit gradient and in place. A device stores no exps: its statistics read each row
-/// once and Finalize recomputes the exps from the logits (2 reads + 1 write of N x V_local in all).
+/// exp(x - m) in a scratch of three blocks (block k in slot k % 3), which stays in cache, and Finalize
+/// rescales them: one exp per element, one read of the logits, the caller's rows only written, once, with
+/// streaming stores, also for a 16-bit gradient and in place. For logits of 4 bytes or more each thread
+/// writes a gradient row in step with the statistics row it reads, in that launch (StatsWithGradient): the
+/// read stream and the write stream then overlap, which two launches one after the other did not
+/// (perf_tests/NOTES.md, issue 12, fifth round). A device stores no exps: its statistics read each row once and Finalize recomputes the exps from
+/// the logits (2 reads + 1 write of N x V_local in all).
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <optional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -25,17 +31,65 @@
 
 namespace vpce::impl {
 
-/// The host's scratch of exps for n rows in the fused strategy: two slots, the head block (h0 rows) and
-/// the even blocks in slot 0, the odd ones in slot 1; where slot 1 starts and the rows of both.
+/// The host's scratch of exps for n rows in the fused strategy: up to three slots of `slot` rows, block k
+/// (the head is block 0) in slot k % 3.
 struct ScratchSlots {
-  std::int64_t slot1 = 0, rows = 0;
+  std::int64_t slot = 0, rows = 0;
 };
 inline ScratchSlots scratch_slots(std::int64_t n, std::int64_t head_rows, std::int64_t block_rows) {
   const std::int64_t h0 = std::min(n, head_rows);
-  if (n <= h0) return {0, n};
-  const std::int64_t slot1 = n - h0 > block_rows ? block_rows : h0;  // block 2 (slot 0) exists or not
-  return {slot1, slot1 + std::min(n - h0, block_rows)};
+  const std::int64_t blocks = n <= h0 ? 1 : 1 + (n - h0 + block_rows - 1) / block_rows;
+  const std::int64_t slot = std::max(h0, std::min(n - h0, block_rows));
+  return {slot, std::min<std::int64_t>(blocks, 3) * slot};
 }
+
+/// Block b+1's statistics and block b-1's gradient (from its stored exps) in one launch, on the host: index i
+/// reads statistics row s0 + i and writes gradient row f0 + i in step with it, the columns up to where the
+/// statistics have read (their pace, HostInner::online_stats) each time they report, cut at the gradient
+/// row's 64-byte lines so that every line is written whole by streaming stores. Both rows are streamed
+/// through the same core; the gradient row's exps were stored by the same thread (the same index in the
+/// launch two blocks before), so they are in its cache.
+template <class Stats, class Fin>
+struct StatsWithGradient {
+  Stats stats;
+  Fin fin;
+  std::int64_t s0, ns, f0, nf, cols;
+  template <class Inner>
+  KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t i) const {
+    if (i >= nf) {
+      stats.row(in, s0 + i);
+      return;
+    }
+    const auto k = fin.begin(f0 + i);
+    std::int64_t done = 0;
+    if (i < ns) {
+      constexpr std::int64_t lanes = 64 / std::int64_t(sizeof(*k.yr));  // columns per line
+      const std::int64_t lead = std::int64_t(reinterpret_cast<std::uintptr_t>(k.yr) % 64) / std::int64_t(sizeof(*k.yr));
+      auto pace = [&](std::int64_t j) {
+        const std::int64_t upto = j - (lead + j) % lanes;
+        if (upto > done) {
+          write(in, k, done, upto);
+          done = upto;
+        }
+      };
+      stats.row(in, s0 + i, pace);
+    }
+    fin.write(in, k, done, cols);
+    fin.end(in, k);
+  }
+
+ private:
+  /// Columns [a, b) of a gradient row, not fenced (the row's last piece is). A call, not inlined into the
+  /// statistics' loop (flattened, VPCE_FLATTEN): inlined there it cost ~10% of `loss_and_grad` (the loop's
+  /// code around it got worse), called it costs a call per 32 x Lanes columns.
+  template <class Inner, class Row>
+  KOKKOS_FUNCTION VPCE_NOINLINE void write(const Inner& in, const Row& k, std::int64_t a, std::int64_t b) const {
+    fin.write(in, k, a, b, /*fence=*/false);
+  }
+};
+
+/// How many times larger the blocks of a call that keeps no exps are (FusedStrategy::rows_per_block).
+inline constexpr std::int64_t loss_block_factor = 4;
 
 /// Whether a call keeps the host's exps in the scratch (see the file comment).
 /// Not with probability targets: their gradient reads them beside recomputed exps (a per-column term).
@@ -49,33 +103,36 @@ class FusedStrategy {
   explicit FusedStrategy(const Ctx& c)
       : c(c),
         ws(c.core.ws),
-        store_exps(fused_stores_exps(c.what, Ctx::capped, c.core.use_teams(), c.core.opt.probability_targets)) {}
+        store_exps(fused_stores_exps(c.what, Ctx::capped, c.core.use_teams(), c.core.opt.probability_targets)),
+        block_rows(rows_per_block(c)) {}
 
   void run() {
     const std::int64_t n = c.n_rows;
     const std::int64_t h0 = std::min(n, c.core.head_rows);
     // The head block: its statistics (where this rank's inputs are valid), then its all-reduce, which
-    // carries the call status; then the error path, or the check and the loss/gradient of its rows.
-    if (c.ok()) statistics(0, 0, h0);
+    // carries the call status; then the error path, or the check of its rows.
+    if (c.ok()) statistics({0, 0, h0}, {});
     if (head_allreduce(h0)) c.throw_agreed();
     c.check(0, h0, /*written_rows=*/0);  // only the scratch was written
-    c.finalize(0, h0, exps(0, 0));
-    // The other blocks, pipelined.
+    // The other blocks, pipelined; `due`: the block whose loss/gradient is written with the next statistics.
+    Block due{0, 0, h0};
     std::optional<Pending> pending;
     if (h0 < n) {
-      statistics(1, h0, block_end(h0));
+      statistics({1, h0, block_end(h0)}, due);
+      due = {};
       pending = start_allreduce(h0, block_end(h0));
     }
     for (std::int64_t r0 = h0, block = 1; r0 < n; ++block) {
       const std::int64_t r1 = block_end(r0);
       const std::int64_t r2 = block_end(r1);  // the next block is [r1, r2), empty after the last
-      if (r1 < n) statistics(block + 1, r1, r2);
+      statistics({block + 1, r1, r2}, due);
       finish_allreduce(*pending);
       c.check(r0, r1, /*written_rows=*/r0);
       if (r1 < n) pending = start_allreduce(r1, r2);
-      c.finalize(r0, r1, exps(block, r0));
+      due = {block, r0, r1};
       r0 = r1;
     }
+    statistics({}, due);
   }
 
  private:
@@ -84,24 +141,68 @@ class FusedStrategy {
   using Part = decltype(std::declval<const Workspace<T, memory_space>&>().record_part(0, 0));
   using Pending = PendingReduction<Part>;
 
-  std::int64_t block_end(std::int64_t r0) const { return std::min(c.n_rows, r0 + c.core.block_rows); }
+  std::int64_t block_end(std::int64_t r0) const { return c.n_rows - r0 <= block_rows ? c.n_rows : r0 + block_rows; }
 
-  /// Where block `block` (first row r0) keeps its exps: its slot of the scratch, or nowhere.
-  RowPtr<T> exps(std::int64_t block, std::int64_t r0) const {
-    if (!store_exps || ws.exp_scratch.span() == 0) return {};  // not kept, or no rows or no columns
-    const std::int64_t slot_row = block % 2 * scratch_slots(c.n_rows, c.core.head_rows, c.core.block_rows).slot1;
-    const std::int64_t ld = ws.exp_scratch.stride(0);
-    return {ws.exp_scratch.data() + slot_row * ld, ld, r0};
+  /// Rows per block after the head: the core's block_rows for a call that may keep its exps (their three
+  /// blocks must stay in cache), loss_block_factor times that, where the size was chosen from the cache
+  /// (Options::block_rows = 0), for a call that keeps none whatever the kernels' form (the loss only, the
+  /// softcap, probability targets): there a block holds nothing in cache, and larger blocks make fewer
+  /// collectives and launches (measured: `forward` 17% slower with the smaller blocks at 2 ranks x 1
+  /// thread). Decided by the call and the options alone, the same on every rank.
+  static std::int64_t rows_per_block(const Ctx& c) {
+    const std::int64_t rows = c.core.block_rows;
+    const bool keeps_none = c.what == Write::loss || Ctx::capped || c.core.opt.probability_targets;
+    if (!keeps_none || c.core.opt.block_rows != 0) return rows;
+    constexpr std::int64_t most = std::numeric_limits<std::int64_t>::max();
+    return rows > most / loss_block_factor ? most : rows * loss_block_factor;
   }
 
-  /// Local records of rows [r0, r1) of block `block`.
-  void statistics(std::int64_t block, std::int64_t r0, std::int64_t r1) const {
-    ScopedRegion region("vpce::stats");
+  /// Block `index` of the call: rows [r0, r1).
+  struct Block {
+    std::int64_t index = 0, r0 = 0, r1 = 0;
+    bool empty() const { return r1 <= r0; }
+  };
+
+  /// Where block `block` (first row r0) keeps its exps: its slot of the scratch, or nowhere.
+  RowPtr<T> exps(const Block& b) const {
+    if (!store_exps || ws.exp_scratch.span() == 0) return {};  // not kept, or no rows or no columns
+    const std::int64_t slot_row = b.index % 3 * scratch_slots(c.n_rows, c.core.head_rows, c.core.block_rows).slot;
+    const std::int64_t ld = ws.exp_scratch.stride(0);
+    return {ws.exp_scratch.data() + slot_row * ld, ld, b.r0};
+  }
+
+  /// The local records of block s, and the loss/gradient of block f (its records merged and checked): in one
+  /// launch where f's exps are stored and the logits have 4 bytes or more (StatsWithGradient), else one
+  /// launch after the other. With 16-bit logits the statistics are bound by the exps, not by the read, and
+  /// in step with the gradient they were slower (bfloat16 `loss_and_grad` +14%, perf_tests/NOTES.md).
+  void statistics(const Block& s, const Block& f) const {
     using Stats = LocalStats<typename Ctx::Scalar, T, memory_space, Ctx::capped>;
-    c.for_rows("vpce::local_stats", r0, r1, Stats(c.args, ws.recs(), exps(block, r0), ws.chunk_max));
-    if (c.args.probs)
-      c.for_rows("vpce::target_prob_sums", r0, r1,
-                 TargetProbSums<typename Ctx::Scalar, T, memory_space, Ctx::capped>(c.args, ws.recs()));
+    using Exec = std::decay_t<decltype(c.core.exec)>;
+    bool paired = false;
+    if constexpr (is_host_space_v<Exec> && sizeof(typename Ctx::Scalar) >= 4) {
+      if (!s.empty() && !f.empty() && exps(f).data != nullptr) {
+        c.with_finalize(exps(f), [&](const auto& fin) {
+          using Fin = std::decay_t<decltype(fin)>;
+          if constexpr (Fin::piecewise) {
+            ScopedRegion region("vpce::stats_loss_grad");
+            const StatsWithGradient<Stats, Fin> both{
+                Stats(c.args, ws.recs(), exps(s), ws.chunk_max), fin, s.r0, s.r1 - s.r0, f.r0, f.r1 - f.r0, c.args.n};
+            impl::for_rows("vpce::stats_loss_grad", c.core.exec, 0, std::max(s.r1 - s.r0, f.r1 - f.r0), both,
+                           /*use_teams=*/false);
+            paired = true;
+          }
+        });
+      }
+    }
+    if (paired) return;
+    if (!s.empty()) {
+      ScopedRegion region("vpce::stats");
+      c.for_rows("vpce::local_stats", s.r0, s.r1, Stats(c.args, ws.recs(), exps(s), ws.chunk_max));
+      if (c.args.probs)
+        c.for_rows("vpce::target_prob_sums", s.r0, s.r1,
+                   TargetProbSums<typename Ctx::Scalar, T, memory_space, Ctx::capped>(c.args, ws.recs()));
+    }
+    if (!f.empty()) c.finalize(f.r0, f.r1, exps(f));
   }
 
   /// The head block's all-reduce: head_rows records (this rank's statistics of its rows, the merge's identity
@@ -135,6 +236,7 @@ class FusedStrategy {
   const Ctx& c;
   const Workspace<T, memory_space>& ws;
   const bool store_exps;
+  const std::int64_t block_rows;
 };
 
 }  // namespace vpce::impl

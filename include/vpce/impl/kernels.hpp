@@ -36,8 +36,10 @@
 #if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && !defined(__HIPCC__) && \
     !defined(__SYCL_DEVICE_ONLY__)
 #define VPCE_FLATTEN __attribute__((flatten))
+#define VPCE_NOINLINE __attribute__((noinline))
 #else
 #define VPCE_FLATTEN
+#define VPCE_NOINLINE
 #endif
 
 namespace vpce::impl {
@@ -104,6 +106,21 @@ struct Terms {
   T v[K];
 };
 
+/// What the host's statistics loops report as they read a row (HostInner::online_stats): pace(j) after each
+/// piece of 32 x Lanes columns, j the columns of the row read so far (not always increasing: a chunk done
+/// again reports again), so that the caller can do other work in step (the fused strategy writes another
+/// row's gradient). NoPace: nothing.
+struct NoPace {
+  KOKKOS_FORCEINLINE_FUNCTION void operator()(std::int64_t) const {}
+};
+/// A pace of columns from j0 on: pace(j0 + j).
+template <class P>
+struct PaceFrom {
+  const P& pace;
+  std::int64_t j0;
+  KOKKOS_FORCEINLINE_FUNCTION void operator()(std::int64_t j) const { pace(j0 + j); }
+};
+
 /// Rows of a matrix a kernel writes or reads: row i at data + (i - row0) * ld.
 template <class U>
 struct RowPtr {
@@ -148,10 +165,11 @@ struct HostInner {
         .v[0];
   }
   /// K sums at once, f(j) giving column j's K terms (Terms<T, K>), each summed as sum() does, and *max = the
-  /// max of g(j), in one pass; the row f reads from memory is prefetched `ahead` (stream.hpp).
-  template <class T, int K, int Lanes = 16, class F, class G>
+  /// max of g(j), in one pass; the row f reads from memory is prefetched `ahead` (stream.hpp), and pace(j)
+  /// called after each piece of 32 x Lanes columns (NoPace).
+  template <class T, int K, int Lanes = 16, class F, class G, class P = NoPace>
   KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN Terms<T, K> sums_max(std::int64_t n, const F& f, const G& g, T* max,
-                                                   const Ahead& ahead = {}) const {
+                                                   const Ahead& ahead = {}, const P& pace = P{}) const {
     static_assert(K == 1 || K == 2, "one or two sums");
     constexpr std::int64_t lanes = Lanes, chunk = 32 * lanes;
     double total[K][lanes] = {};
@@ -178,6 +196,7 @@ struct HostInner {
           for (std::int64_t l = 0; l < 16; ++l) total[k][g16 + l] += double(part[k][g16 + l]);
         }
       }
+      pace(j1);
     }
     T rest[K][lanes] = {};  // the last n % lanes columns, a lane each
     VPCE_SIMD
@@ -241,10 +260,11 @@ struct HostInner {
   /// lines are formed a line at a time in registers (round_line) and written with streaming stores
   /// (stream.hpp), the row written once and never read; the columns before its first line and after its last
   /// one are copied with plain stores from a line formed at the row's first (last) columns, so that every loop
-  /// is a whole vector line.
+  /// is a whole vector line; then stream_fence(), unless `fence` is false (the caller fences later: a fence
+  /// per piece of a row written piecewise cost ~7% of `loss_and_grad`) and c is not in the row.
   template <class G, class F>
   KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN void store(std::int64_t n, G* y, const F& v, std::int64_t c, G fix,
-                                                      Store how, const Ahead& ahead = {}) const {
+                                                      Store how, const Ahead& ahead = {}, bool fence = true) const {
     constexpr std::int64_t lanes = 64 / std::int64_t(sizeof(G));  // columns per line
     const std::int64_t off = std::int64_t(reinterpret_cast<std::uintptr_t>(y) % 64);
     if (how == Store::plain || n < lanes || off % std::int64_t(sizeof(G)) != 0) {
@@ -267,7 +287,7 @@ struct HostInner {
         form(n - lanes);
         std::memcpy(y + lines_end, line + (lanes - (n - lines_end)), std::size_t(n - lines_end) * sizeof(G));
       }
-      stream_fence();  // before the plain store below, which may be to a streamed line
+      if (fence || (c >= 0 && c < n)) stream_fence();  // also before the plain store below: maybe to a streamed line
     }
     if (c >= 0 && c < n) y[c] = fix;
   }
@@ -286,13 +306,14 @@ struct HostInner {
   /// chunk's own pass from L1; with `entropy`, also h = sum exp(x - m) (x - m), in the exps' pass. With
   /// `exps` (a row of n), stores e_j = exp(x_j - m_c) there, m_c being the running max when chunk c was
   /// stored, given to chunk_max(c, m_c): Finalize then only rescales, one exp per element. `ahead`: the row z
-  /// reads, prefetched (stream.hpp).
-  template <class T, int Lanes, class Z, class X, class ChunkMax>
+  /// reads, prefetched (stream.hpp); `pace`: told the columns read as the exps' loops go (NoPace).
+  template <class T, int Lanes, class Z, class X, class ChunkMax, class P = NoPace>
   KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online_stats(std::int64_t n, const Z& z, const X& x, bool sum_x,
                                                           const T* weights, bool entropy, T* exps,
-                                                          const ChunkMax& chunk_max, const Ahead& ahead) const {
-    if (entropy) return online<2, T, Lanes>(n, z, x, sum_x, weights, exps, chunk_max, ahead);
-    return online<1, T, Lanes>(n, z, x, sum_x, weights, exps, chunk_max, ahead);
+                                                          const ChunkMax& chunk_max, const Ahead& ahead,
+                                                          const P& pace = P{}) const {
+    if (entropy) return online<2, T, Lanes>(n, z, x, sum_x, weights, exps, chunk_max, ahead, pace);
+    return online<1, T, Lanes>(n, z, x, sum_x, weights, exps, chunk_max, ahead, pace);
   }
 
  private:
@@ -311,10 +332,10 @@ struct HostInner {
   }
 
   /// online_stats with K = 1 (s) or 2 (s and h) sums.
-  template <int K, class T, int Lanes, class Z, class X, class ChunkMax>
+  template <int K, class T, int Lanes, class Z, class X, class ChunkMax, class P>
   KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online(std::int64_t n, const Z& z, const X& x, bool sum_x,
                                                     const T* weights, T* exps, const ChunkMax& chunk_max,
-                                                    const Ahead& ahead) const {
+                                                    const Ahead& ahead, const P& pace) const {
     T zmax = neg_inf<T>(), m = neg_inf<T>(), sx = 0;
     double acc = 0, acc_h = 0;  // acc_h: relative to m, as acc
     for (std::int64_t j0 = 0; j0 < n; j0 += chunk_cols) {
@@ -329,7 +350,7 @@ struct HostInner {
       }
       if (m != neg_inf<T>()) {
         T cz;
-        const Terms<T, K> sc = exp_sums<K, true, Lanes>(len, zc, x, yc, m, &cz, ahead.from(j0));
+        const Terms<T, K> sc = exp_sums<K, true, Lanes>(len, zc, x, yc, m, &cz, ahead.from(j0), PaceFrom<P>{pace, j0});
         const T m_new = cz > zmax ? x(cz) : m;
         if (m_new - m <= T(80)) {
           if (yc != nullptr) chunk_max(j0 / chunk_cols, m);  // what the stored exps are relative to
@@ -354,7 +375,8 @@ struct HostInner {
         zmax = cz;
       }
       T unused;
-      const Terms<T, K> sc = exp_sums<K, false, Lanes>(len, zc, x, yc, m, &unused, ahead.from(j0));
+      const Terms<T, K> sc =
+          exp_sums<K, false, Lanes>(len, zc, x, yc, m, &unused, ahead.from(j0), PaceFrom<P>{pace, j0});
       acc += double(sc.v[0]);
       if constexpr (K == 2) acc_h += double(sc.v[1]);
       if (yc != nullptr) chunk_max(j0 / chunk_cols, m);
@@ -388,9 +410,9 @@ struct HostInner {
   /// `WithMax` also *cz = the max of z over the same columns, in the same pass (m is then finite). With
   /// m = -inf (every logit so far -inf or NaN) the sums are 0 -- s NaN if a NaN hides among them -- and y
   /// gets zeros.
-  template <int K, bool WithMax, int Lanes, class T, class Z, class X>
+  template <int K, bool WithMax, int Lanes, class T, class Z, class X, class P>
   KOKKOS_INLINE_FUNCTION VPCE_FLATTEN Terms<T, K> exp_sums(std::int64_t len, const Z& z, const X& x, T* y, T m, T* cz,
-                                              const Ahead& ahead) const {
+                                              const Ahead& ahead, const P& pace) const {
     auto no_max = [](std::int64_t) { return neg_inf<T>(); };
     if constexpr (!WithMax) {
       if (m == neg_inf<T>()) {
@@ -416,8 +438,8 @@ struct HostInner {
         return no_max(j);
       }
     };
-    if (y == nullptr) return sums_max<T, K, Lanes>(len, ExpTerms<K, false, T, Z, X>{z, x, y, m}, g, cz, ahead);
-    return sums_max<T, K, Lanes>(len, ExpTerms<K, true, T, Z, X>{z, x, y, m}, g, cz, ahead);
+    if (y == nullptr) return sums_max<T, K, Lanes>(len, ExpTerms<K, false, T, Z, X>{z, x, y, m}, g, cz, ahead, pace);
+    return sums_max<T, K, Lanes>(len, ExpTerms<K, true, T, Z, X>{z, x, y, m}, g, cz, ahead, pace);
   }
 };
 
@@ -508,7 +530,7 @@ struct TeamInner {
   /// y[j] = G(v(j)) for j in [0, n), then y[c] = fix if 0 <= c < n (plain stores: a device writes whole lines).
   template <class G, class F>
   KOKKOS_FORCEINLINE_FUNCTION void store(std::int64_t n, G* y, const F& v, std::int64_t c, G fix, Store,
-                                         const Ahead& = {}) const {
+                                         const Ahead& = {}, bool /*fence*/ = true) const {
     for_each(n, [&](std::int64_t j) { y[j] = to_storage<G>(v(j)); });
     barrier();
     if (c >= 0 && c < n) single([&]() { y[c] = fix; });
@@ -523,10 +545,11 @@ struct TeamInner {
   /// (m, s, h) over its columns, merged across the team. No exps are stored (exps and chunk_max are not
   /// used): Finalize recomputes them from the logits, which keeps the device's pass count at 2 reads + 1
   /// write.
-  template <class T, int /*Lanes*/, class Z, class X, class ChunkMax>
+  template <class T, int /*Lanes*/, class Z, class X, class ChunkMax, class P = NoPace>
   KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online_stats(std::int64_t n, const Z& z, const X& x, bool /*sum_x*/,
                                                           const T* weights, bool /*entropy*/, T* /*exps*/,
-                                                          const ChunkMax& /*chunk_max*/, const Ahead& /*ahead*/) const {
+                                                          const ChunkMax& /*chunk_max*/, const Ahead& /*ahead*/,
+                                                          const P& /*pace*/ = P{}) const {
     return online<T>(n, [&](std::int64_t j, OnlineStats<T>& l) {
       const T zj = z(j), xj = x(zj);
       l.add(zj, xj, weights != nullptr ? weights[j] * xj : xj);
@@ -681,6 +704,11 @@ class LocalStats {
 
   template <class Inner>
   KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t i) const {
+    row(in, i, NoPace{});
+  }
+  /// The same, pace(j) told the columns read as it goes (HostInner::online_stats).
+  template <class Inner, class P>
+  KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t i, const P& pace) const {
     const S* x = m_a.x + i * m_a.ld_x;
     const Params<T>& p = m_a.p;
     const std::int64_t c = m_a.local_target(i);
@@ -691,7 +719,7 @@ class LocalStats {
         [&](T z) { return p.template transform<Capped>(z); }, smoothing,
         p.weights == nullptr ? nullptr : p.weights + m_a.begin, p.entropy,
         m_exps.data == nullptr ? nullptr : m_exps.row(i), [&](std::int64_t chunk, T m) { m_chunk_max(i, chunk) = m; },
-        Ahead::of(x));
+        Ahead::of(x), pace);
     const RowStats<T> r = mark_row(o.m, o.s, t, smoothing ? o.sx : T(0), p.entropy ? o.h : T(0), o.zmax);
     in.single([&]() { m_out.store(i, r); });
   }
@@ -914,145 +942,244 @@ class Finalize {
       : m_a(args), m_stats(stats), m_out(out), m_y(y), m_g(g), m_stash_target(stash_target), m_stored(stored),
         m_store(store) {}
 
+  /// Whether the gradient (or stash) of a row can be written piecewise, in step with another kernel
+  /// (begin, write, end): from stored exps.
+  static constexpr bool piecewise = From == Source::stored_exp && What != Write::loss;
+
+  /// A row's constants, from its merged record (row(), and begin() for the piecewise writes).
+  struct Row {
+    std::int64_t i;
+    RowStats<T> r;
+    T l, mu, w_t, c_lse;
+    bool valid;
+    // What != Write::loss: the row written, the coefficients of p_j (kp), of the smoothing (ka) and of the
+    // target (kt), g_i, the target column c (or -1), its dx/dz, the column that gets the target term (or
+    // -1) and, from stored exps, that column's value; xc: the target's x.
+    G* yr;
+    const S* x;
+    T gi, kp, ka, kt, xc, chain_c, fix;
+    std::int64_t c, fix_at;
+  };
+
   template <class Inner>
   KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t i) const {
-    const Params<T>& p = m_a.p;
-    const RowStats<T> r = m_stats.load(i);
-    const T l = r.m + kmath::log(r.s);
-    const T mu = r.h / r.s;  // E[x] - m: the entropy is log(s) - mu
-    const bool valid = m_a.valid(i);
-    // With class weights: the target's weight w_t, and lse's coefficient (1 - A) w_t + A W / V (else 1).
-    // With probability targets: (1 - A) sum_j w_j q_j + A W / V, w_j = 1 without class weights.
-    const bool weighted = p.weights != nullptr;
-    const T w_t = weighted && valid && !m_a.probs ? p.weights[m_a.targets(i)] : T(1);
-    T c_lse = weighted ? (T(1) - p.alpha) * w_t + p.alpha * p.w_over_v : T(1);
-    if (m_a.probs) c_lse = (T(1) - p.alpha) * r.wq + p.alpha * p.w_over_v;
+    const Row k = begin(i);
     if constexpr (What != Write::loss) {
-      G* yr = m_y.row(i);
-      const S* x = m_a.x + i * m_a.ld_x;
-      const T gi = What == Write::stash ? T(1) : (valid ? m_g(i) : T(0));
-      const T kp = gi * (c_lse + T(2) * p.zeta * l);  // coefficient of p_j
-      const T ka = gi * p.alpha * p.inv_vocab;        // smoothing term, every column (times w_j if weighted)
-      const T kt = weighted ? gi * (T(1) - p.alpha) * w_t : gi * (T(1) - p.alpha);  // target term
-      const std::int64_t c = m_a.local_target(i);
-      // The target's x and dx/dz, read before the row (which may alias the logits) is overwritten.
-      const T xc = c >= 0 ? p.template transform<Capped>(to_compute(x[c])) : T(0);
-      const T chain_c = c >= 0 ? p.template chain<Capped>(xc) : T(0);
-      // The column whose value gets the target term (formed in T and rounded once), or -1.
-      const std::int64_t fix_at = What == Write::grad && valid ? c : -1;
-      in.barrier();
-      if (What == Write::grad && !valid) {
+      in.barrier();  // a team: every thread has read the target's logit before the row is written
+      if constexpr (piecewise) {
+        write(in, k, 0, m_a.n);
+      } else if (What == Write::grad && !k.valid) {
         in.store(
-            m_a.n, yr, [&](std::int64_t) { return T(0); }, -1, G(T(0)), m_store);
-      } else if constexpr (From == Source::stored_exp) {
-        // p_j = e_j exp(m_c - lse), e_j the stored exp of column j relative to its chunk's max m_c. With an
-        // entropy weight the term p_j beta (mu - x_j) needs x_j: read from the logits (still in cache), and
-        // mu - x_j formed as (mu + M - m_c) - (x_j - m_c) against the chunk's max.
-        const T k0 = ka * p.scale;
-        const T kb = gi * p.beta;
-        const T* er = m_stored.exps.row(i);
-        static_assert(!Capped, "x_j = S z_j here");
-        // With class weights and smoothing the smoothing term is k0 w_j (the weights read beside the exps).
-        const T* w = p.weights != nullptr && p.alpha > T(0) ? p.weights + m_a.begin : nullptr;
-        // Per chunk: f = exp(m_c - lse) kp S, fb = exp(m_c - lse) kb S, d = mu + M - m_c.
-        struct ChunkK {
-          T f, fb, d, m_c;
-        };
-        auto chunk_k = [&](std::int64_t j) {
-          const T m_c = m_stored.chunk_max(i, j / chunk_cols), big_f = fast_exp_no_overflow(m_c - l);
-          return ChunkK{big_f * kp * p.scale, big_f * kb * p.scale, mu + (r.m - m_c), m_c};
-        };
-        auto write_chunks = [&](const auto& term, const auto& smooth) {
-          // term(e, j, k): column j's softmax part from its stored exp e and its chunk's constants k.
-          const T fix = fix_at >= 0 ? term(er[c], c, chunk_k(c)) - smooth(c) - kt * chain_c : T(0);
-          for (std::int64_t j0 = 0; j0 < m_a.n; j0 += chunk_cols) {
-            const std::int64_t len = j0 + chunk_cols < m_a.n ? chunk_cols : m_a.n - j0;
-            const ChunkK k = chunk_k(j0);
-            const T* ec = er + j0;
-            in.store(
-                len, yr + j0, [&](std::int64_t j) { return term(ec[j], j0 + j, k) - smooth(j0 + j); },
-                fix_at - j0, G(fix), m_store);
-          }
-        };
-        auto softmax = [&](T e, std::int64_t, const ChunkK& k) { return e * k.f; };
-        auto entropic = [&](T e, std::int64_t j, const ChunkK& k) {
-          const T xj = to_compute(x[j]) * p.scale;
-          return select(e == T(0), T(0), e * (k.f + k.fb * (k.d - (xj - k.m_c))));
-        };
-        auto smooth = [&](std::int64_t) { return k0; };
-        auto smooth_weighted = [&](std::int64_t j) { return k0 * w[j]; };
-        if (p.beta == T(0)) {
-          if (w != nullptr) {
-            write_chunks(softmax, smooth_weighted);
-          } else {
-            write_chunks(softmax, smooth);
-          }
-        } else if (w != nullptr) {
-          write_chunks(entropic, smooth_weighted);
-        } else {
-          write_chunks(entropic, smooth);
-        }
+            m_a.n, k.yr, [&](std::int64_t) { return T(0); }, -1, G(T(0)), m_store);
       } else {
-        // y_j = (term(x_j) - smooth(j)) dx_j/dz_j, and the target's value formed apart (fix).
-        auto write_row = [&](const auto& term, const auto& smooth) {
-          const G fix = G(c >= 0 ? ((term(xc) - smooth(c)) - kt) * chain_c : T(0));
-          in.store(
-              m_a.n, yr,
-              [&](std::int64_t j) {
-                const T xj = p.template transform<Capped>(to_compute(x[j]));
-                return (term(xj) - smooth(j)) * p.template chain<Capped>(xj);
-              },
-              fix_at, fix, m_store, Ahead::of(x));
-        };
-        auto softmax = [&](T xj) { return fast_exp_no_overflow(xj - l) * kp; };
-        // The entropy's term p_j beta (mu - x_j): 0 where p_j is 0 (a -inf logit).
-        const T kb = gi * p.beta;
-        auto entropic = [&](T xj) {
-          const T e = fast_exp_no_overflow(xj - l);
-          return select(e == T(0), T(0), e * (kp + kb * (mu - (xj - r.m))));
-        };
-        // The terms of the target distribution at column j: A w_j / V, and with probability targets
-        // (1 - A) w_j q_j (w_j = 1 without class weights).
-        auto smooth = [&](std::int64_t) { return ka; };
-        const T* w = weighted ? p.weights + m_a.begin : nullptr;
-        auto smooth_weighted = [&](std::int64_t j) { return ka * w[j]; };
-        const S* qr = m_a.q == nullptr ? nullptr : m_a.q + i * m_a.ld_q;
-        const T kq = gi * (T(1) - p.alpha);
-        auto probs = [&](std::int64_t j) { return ka + kq * to_compute(qr[j]); };
-        auto probs_weighted = [&](std::int64_t j) { return (ka + kq * to_compute(qr[j])) * w[j]; };
-        auto with_term = [&](const auto& term) {
-          if (qr != nullptr && weighted) {
-            write_row(term, probs_weighted);
-          } else if (qr != nullptr) {
-            write_row(term, probs);
-          } else if (weighted && p.alpha > T(0)) {
-            write_row(term, smooth_weighted);
-          } else {
-            write_row(term, smooth);
-          }
-        };
-        if (p.beta == T(0)) {
-          with_term(softmax);
-        } else {
-          with_term(entropic);
-        }
+        write_from_logits(in, k);
       }
-      if constexpr (What == Write::stash) in.single([&]() { m_stash_target(i) = kt * chain_c; });
     }
+    end(in, k);
+  }
+
+  /// The piecewise form of row(i) (`piecewise`): begin(i), then write(in, k, a, b) for consecutive column
+  /// ranges covering the row, then end(in, k). The target column's value is formed in begin(), before any of
+  /// the row is written (in place, the row is the logits').
+  KOKKOS_INLINE_FUNCTION Row begin(std::int64_t i) const {
+    Row k = constants(i);
+    if constexpr (piecewise) k.fix = stored_fix(k);
+    return k;
+  }
+  /// Columns [a, b) of the row's gradient (stash); `fence`: as Inner::store's (the last piece of a row must
+  /// fence).
+  template <class Inner>
+  KOKKOS_INLINE_FUNCTION void write(const Inner& in, const Row& k, std::int64_t a, std::int64_t b,
+                                    bool fence = true) const {
+    static_assert(piecewise, "rows from stored exps");
+    if (What == Write::grad && !k.valid) {
+      in.store(
+          b - a, k.yr + a, [&](std::int64_t) { return T(0); }, -1, G(T(0)), m_store, {}, fence);
+    } else {
+      write_stored(in, k, a, b, fence);
+    }
+  }
+  /// The stash's target coefficient, the loss and the lse of the row.
+  template <class Inner>
+  KOKKOS_INLINE_FUNCTION void end(const Inner& in, const Row& k) const {
+    const Params<T>& p = m_a.p;
+    if constexpr (What == Write::stash) in.single([&]() { m_stash_target(k.i) = k.kt * k.chain_c; });
     if (m_out.write) {
       in.single([&]() {
-        m_out.lse(i) = l;
+        const RowStats<T>& r = k.r;
+        const T l = k.l;
+        m_out.lse(k.i) = l;
         // Weighted: (1 - A) w_t (lse - x_t) + A / V (W lse - sum_j w_j x_j), i.e. c_lse lse - ... .
-        T loss = weighted || m_a.probs
-                     ? c_lse * l - (T(1) - p.alpha) * w_t * r.t - p.alpha * p.inv_vocab * r.a + p.zeta * l * l
-                          : l - (T(1) - p.alpha) * r.t - p.alpha * p.inv_vocab * r.a + p.zeta * l * l;
-        if (p.beta != T(0)) loss += p.beta * (kmath::log(r.s) - mu);
-        m_out.loss(i) = valid ? loss : T(0);
+        T loss = p.weights != nullptr || m_a.probs
+                     ? k.c_lse * l - (T(1) - p.alpha) * k.w_t * r.t - p.alpha * p.inv_vocab * r.a + p.zeta * l * l
+                     : l - (T(1) - p.alpha) * r.t - p.alpha * p.inv_vocab * r.a + p.zeta * l * l;
+        if (p.beta != T(0)) loss += p.beta * (kmath::log(r.s) - k.mu);
+        m_out.loss(k.i) = k.valid ? loss : T(0);
       });
     }
   }
 
  private:
+  KOKKOS_INLINE_FUNCTION Row constants(std::int64_t i) const {
+    const Params<T>& p = m_a.p;
+    Row k{};
+    k.i = i;
+    k.r = m_stats.load(i);
+    k.l = k.r.m + kmath::log(k.r.s);
+    k.mu = k.r.h / k.r.s;  // E[x] - m: the entropy is log(s) - mu
+    k.valid = m_a.valid(i);
+    // With class weights: the target's weight w_t, and lse's coefficient (1 - A) w_t + A W / V (else 1).
+    // With probability targets: (1 - A) sum_j w_j q_j + A W / V, w_j = 1 without class weights.
+    const bool weighted = p.weights != nullptr;
+    k.w_t = weighted && k.valid && !m_a.probs ? p.weights[m_a.targets(i)] : T(1);
+    k.c_lse = weighted ? (T(1) - p.alpha) * k.w_t + p.alpha * p.w_over_v : T(1);
+    if (m_a.probs) k.c_lse = (T(1) - p.alpha) * k.r.wq + p.alpha * p.w_over_v;
+    k.c = k.fix_at = -1;
+    if constexpr (What != Write::loss) {
+      k.yr = m_y.row(i);
+      k.x = m_a.x + i * m_a.ld_x;
+      k.gi = What == Write::stash ? T(1) : (k.valid ? m_g(i) : T(0));
+      k.kp = k.gi * (k.c_lse + T(2) * p.zeta * k.l);  // coefficient of p_j
+      k.ka = k.gi * p.alpha * p.inv_vocab;          // smoothing term, every column (times w_j if weighted)
+      k.kt = weighted ? k.gi * (T(1) - p.alpha) * k.w_t : k.gi * (T(1) - p.alpha);  // target term
+      k.c = m_a.local_target(i);
+      // The target's dx/dz, from its x read before the row (which may alias the logits) is overwritten.
+      k.xc = k.c >= 0 ? p.template transform<Capped>(to_compute(k.x[k.c])) : T(0);
+      k.chain_c = k.c >= 0 ? p.template chain<Capped>(k.xc) : T(0);
+      // The column whose value gets the target term (formed in T and rounded once), or -1.
+      k.fix_at = What == Write::grad && k.valid ? k.c : -1;
+    }
+    return k;
+  }
+
+  /// Source::logits: the row's gradient (stash) with p computed from the logits.
+  template <class Inner>
+  KOKKOS_INLINE_FUNCTION void write_from_logits(const Inner& in, const Row& k) const {
+    const Params<T>& p = m_a.p;
+    const T gi = k.gi, kp = k.kp, ka = k.ka, kt = k.kt, chain_c = k.chain_c, l = k.l, mu = k.mu, xc = k.xc;
+    const std::int64_t c = k.c, fix_at = k.fix_at;
+    const RowStats<T>& r = k.r;
+    G* yr = k.yr;
+    const S* x = k.x;
+    const bool weighted = p.weights != nullptr;
+    // y_j = (term(x_j) - smooth(j)) dx_j/dz_j, and the target's value formed apart (fix).
+    auto write_row = [&](const auto& term, const auto& smooth) {
+      const G fix = G(c >= 0 ? ((term(xc) - smooth(c)) - kt) * chain_c : T(0));
+      in.store(
+          m_a.n, yr,
+          [&](std::int64_t j) {
+            const T xj = p.template transform<Capped>(to_compute(x[j]));
+            return (term(xj) - smooth(j)) * p.template chain<Capped>(xj);
+          },
+          fix_at, fix, m_store, Ahead::of(x));
+    };
+    auto softmax = [&](T xj) { return fast_exp_no_overflow(xj - l) * kp; };
+    // The entropy's term p_j beta (mu - x_j): 0 where p_j is 0 (a -inf logit).
+    const T kb = gi * p.beta;
+    auto entropic = [&](T xj) {
+      const T e = fast_exp_no_overflow(xj - l);
+      return select(e == T(0), T(0), e * (kp + kb * (mu - (xj - r.m))));
+    };
+    // The terms of the target distribution at column j: A w_j / V, and with probability targets
+    // (1 - A) w_j q_j (w_j = 1 without class weights).
+    auto smooth = [&](std::int64_t) { return ka; };
+    const T* w = weighted ? p.weights + m_a.begin : nullptr;
+    auto smooth_weighted = [&](std::int64_t j) { return ka * w[j]; };
+    const S* qr = m_a.q == nullptr ? nullptr : m_a.q + k.i * m_a.ld_q;
+    const T kq = gi * (T(1) - p.alpha);
+    auto probs = [&](std::int64_t j) { return ka + kq * to_compute(qr[j]); };
+    auto probs_weighted = [&](std::int64_t j) { return (ka + kq * to_compute(qr[j])) * w[j]; };
+    auto with_term = [&](const auto& term) {
+      if (qr != nullptr && weighted) {
+        write_row(term, probs_weighted);
+      } else if (qr != nullptr) {
+        write_row(term, probs);
+      } else if (weighted && p.alpha > T(0)) {
+        write_row(term, smooth_weighted);
+      } else {
+        write_row(term, smooth);
+      }
+    };
+    if (p.beta == T(0)) {
+      with_term(softmax);
+    } else {
+      with_term(entropic);
+    }
+  }
+
+  /// Source::stored_exp: p_j = e_j exp(m_c - lse), e_j the stored exp of column j relative to its chunk's max
+  /// m_c. Per chunk: f = exp(m_c - lse) kp S, fb = exp(m_c - lse) kb S, d = mu + M - m_c.
+  struct ChunkK {
+    T f, fb, d, m_c;
+  };
+  KOKKOS_INLINE_FUNCTION ChunkK chunk_k(const Row& k, std::int64_t j) const {
+    const Params<T>& p = m_a.p;
+    const T m_c = m_stored.chunk_max(k.i, j / chunk_cols), big_f = fast_exp_no_overflow(m_c - k.l);
+    return ChunkK{big_f * k.kp * p.scale, big_f * k.gi * p.beta * p.scale, k.mu + (k.r.m - m_c), m_c};
+  }
+  /// f(term, smooth) with column j's softmax part term(e, j, chunk constants) from its stored exp e, and
+  /// its smoothing term smooth(j). With an entropy weight the term p_j beta (mu - x_j) needs x_j: read from
+  /// the logits (still in cache), and mu - x_j formed as (mu + M - m_c) - (x_j - m_c) against the chunk's
+  /// max. With class weights and smoothing the smoothing term is k0 w_j (the weights read beside the exps).
+  template <class F>
+  KOKKOS_INLINE_FUNCTION void with_stored_terms(const Row& k, const F& f) const {
+    static_assert(!Capped, "x_j = S z_j here");
+    const Params<T>& p = m_a.p;
+    const T k0 = k.ka * p.scale;
+    const T* w = p.weights != nullptr && p.alpha > T(0) ? p.weights + m_a.begin : nullptr;
+    const S* x = k.x;
+    auto softmax = [&](T e, std::int64_t, const ChunkK& ck) { return e * ck.f; };
+    auto entropic = [&](T e, std::int64_t j, const ChunkK& ck) {
+      const T xj = to_compute(x[j]) * p.scale;
+      return select(e == T(0), T(0), e * (ck.f + ck.fb * (ck.d - (xj - ck.m_c))));
+    };
+    auto smooth = [&](std::int64_t) { return k0; };
+    auto smooth_weighted = [&](std::int64_t j) { return k0 * w[j]; };
+    if (p.beta == T(0)) {
+      if (w != nullptr) {
+        f(softmax, smooth_weighted);
+      } else {
+        f(softmax, smooth);
+      }
+    } else if (w != nullptr) {
+      f(entropic, smooth_weighted);
+    } else {
+      f(entropic, smooth);
+    }
+  }
+  /// The value of the target column (fix_at), formed apart, or 0.
+  KOKKOS_INLINE_FUNCTION T stored_fix(const Row& k) const {
+    if constexpr (From == Source::stored_exp) {
+      T fix = T(0);
+      if (k.fix_at >= 0) {
+        with_stored_terms(k, [&](const auto& term, const auto& smooth) {
+          fix = term(m_stored.exps.row(k.i)[k.c], k.c, chunk_k(k, k.c)) - smooth(k.c) - k.kt * k.chain_c;
+        });
+      }
+      return fix;
+    } else {
+      (void)k;
+      return T(0);
+    }
+  }
+  /// Columns [a, b) of a valid row from the stored exps, a chunk's constants at a time; one fence at the
+  /// end if `fence`.
+  template <class Inner>
+  KOKKOS_INLINE_FUNCTION void write_stored(const Inner& in, const Row& k, std::int64_t a, std::int64_t b,
+                                           bool fence) const {
+    with_stored_terms(k, [&](const auto& term, const auto& smooth) {
+      const T* er = m_stored.exps.row(k.i);
+      for (std::int64_t c0 = a - a % chunk_cols; c0 < b; c0 += chunk_cols) {
+        const std::int64_t j0 = c0 > a ? c0 : a, j1 = c0 + chunk_cols < b ? c0 + chunk_cols : b;
+        const ChunkK ck = chunk_k(k, j0);
+        const T* ec = er + j0;
+        in.store(
+            j1 - j0, k.yr + j0, [&](std::int64_t j) { return term(ec[j], j0 + j, ck) - smooth(j0 + j); },
+            k.fix_at - j0, G(k.fix), m_store, {}, fence && j1 == b);
+      }
+    });
+  }
+
   KernelArgs<S, T, MemSpace> m_a;
   Records<const T, MemSpace> m_stats;
   LossOut<T, MemSpace> m_out;

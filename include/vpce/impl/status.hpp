@@ -5,9 +5,9 @@
 /// merge. Everything here is read the same way on every rank, so every rank takes the same branch.
 ///
 /// - The call status (CallStatus): whether this rank's inputs passed its local checks, and the values that
-///   must be equal on every rank (N, a checksum of the targets), as `status_size` values of the compute
-///   type, each an integer of at most 21 bits (exact in float), combined across ranks by max:
-///   [error, N in 3 chunks, -(N's chunks), the checksum in 3 chunks, -(its chunks)]. After the max, some
+///   must be equal on every rank (N, a checksum of the targets, the call), as `status_size` values of the
+///   compute type, each an integer of at most 21 bits (exact in float), combined across ranks by max:
+///   [error, N in 3 chunks, -(N's chunks), the checksum in 3 chunks, -(its chunks), call, -call]. After the max, some
 ///   rank found an error or the ranks disagree exactly when status_needs_agreement() says so; every rank
 ///   then goes on to Communicator::agree, which builds the message (the error path only).
 ///   - Fused strategy: the values are `status_records` trailing RowStats records of the head block's
@@ -33,9 +33,12 @@ struct CallStatus {
   bool error = false;         ///< this rank's inputs failed a local check
   std::int64_t n_rows = 0;    ///< N, >= 0
   std::int64_t checksum = 0;  ///< of the targets, >= 0
+  /// Which call (a Write value: forward, forward keeping a stash, loss_and_grad): the fused strategy's blocks
+  /// depend on it, so ranks making different calls would not make the same collectives.
+  std::int64_t call = 0;
 };
 
-inline constexpr int status_size = 13;
+inline constexpr int status_size = 15;
 
 template <class T>
 void encode_status(const CallStatus& s, T* out) {
@@ -48,12 +51,14 @@ void encode_status(const CallStatus& s, T* out) {
     out[7 + k] = c;
     out[10 + k] = -c;
   }
+  out[13] = T(s.call);
+  out[14] = -T(s.call);
 }
 
-/// On the merged values: true when some rank found an error or the ranks' N or checksums differ.
+/// On the merged values: true when some rank found an error or the ranks' N, checksums or calls differ.
 template <class T>
 bool status_needs_agreement(const T* merged) {
-  if (merged[0] != T(0)) return true;
+  if (merged[0] != T(0) || merged[13] != -merged[14]) return true;
   for (int k = 0; k < 3; ++k) {
     if (merged[1 + k] != -merged[4 + k] || merged[7 + k] != -merged[10 + k]) return true;
   }
