@@ -13,11 +13,11 @@
 /// On the host (and without the softcap, for calls that write a gradient or a stash) the statistics store
 /// exp(x - m) in a scratch of three blocks (block k in slot k % 3), which stays in cache, and Finalize
 /// rescales them: one exp per element, one read of the logits, the caller's rows only written, once, with
-/// streaming stores, also for a 16-bit gradient and in place. For logits of 4 bytes or more each thread
-/// writes a gradient row in step with the statistics row it reads, in that launch (StatsWithGradient): the
-/// read stream and the write stream then overlap, which two launches one after the other did not
-/// (perf_tests/NOTES.md, issue 12, fifth round). A device stores no exps: its statistics read each row once and Finalize recomputes the exps from
-/// the logits (2 reads + 1 write of N x V_local in all).
+/// streaming stores, also for a 16-bit gradient and in place. For logits of 4 bytes or more, in the launch
+/// that holds both, each thread writes a gradient row in step with the statistics row it reads
+/// (StatsWithGradient): the read stream and the write stream then overlap, which two launches one after the
+/// other did not (perf_tests/NOTES.md, issue 12, fifth round). A device stores no exps: its statistics read
+/// each row once and Finalize recomputes the exps from the logits (2 reads + 1 write of N x V_local in all).
 
 #include <algorithm>
 #include <cstdint>
