@@ -111,28 +111,28 @@ class FusedStrategy {
     const std::int64_t h0 = std::min(n, c.core.head_rows);
     // The head block: its statistics (where this rank's inputs are valid), then its all-reduce, which
     // carries the call status; then the error path, or the check of its rows.
-    if (c.ok()) statistics({0, 0, h0}, {});
+    if (c.ok()) launch({0, 0, h0}, {});
     if (head_allreduce(h0)) c.throw_agreed();
     c.check(0, h0, /*written_rows=*/0);  // only the scratch was written
-    // The other blocks, pipelined; `due`: the block whose loss/gradient is written with the next statistics.
+    // The other blocks, pipelined; `due`: the block whose loss/gradient is written in the next launch.
     Block due{0, 0, h0};
     std::optional<Pending> pending;
     if (h0 < n) {
-      statistics({1, h0, block_end(h0)}, due);
+      launch({1, h0, block_end(h0)}, due);
       due = {};
       pending = start_allreduce(h0, block_end(h0));
     }
     for (std::int64_t r0 = h0, block = 1; r0 < n; ++block) {
       const std::int64_t r1 = block_end(r0);
       const std::int64_t r2 = block_end(r1);  // the next block is [r1, r2), empty after the last
-      statistics({block + 1, r1, r2}, due);
+      launch({block + 1, r1, r2}, due);
       finish_allreduce(*pending);
       c.check(r0, r1, /*written_rows=*/r0);
       if (r1 < n) pending = start_allreduce(r1, r2);
       due = {block, r0, r1};
       r0 = r1;
     }
-    statistics({}, due);
+    launch({}, due);
   }
 
  private:
@@ -175,7 +175,7 @@ class FusedStrategy {
   /// launch where f's exps are stored and the logits have 4 bytes or more (StatsWithGradient), else one
   /// launch after the other. With 16-bit logits the statistics are bound by the exps, not by the read, and
   /// in step with the gradient they were slower (bfloat16 `loss_and_grad` +14%, perf_tests/NOTES.md).
-  void statistics(const Block& s, const Block& f) const {
+  void launch(const Block& s, const Block& f) const {
     using Stats = LocalStats<typename Ctx::Scalar, T, memory_space, Ctx::capped>;
     using Exec = std::decay_t<decltype(c.core.exec)>;
     bool paired = false;
