@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,36 @@ TYPED_TEST(CrossEntropyTest, LargerProblem) {
       opt.block_bytes_per_thread = 4096;  // automatic blocks of a few rows
       for (Path path : {Path::fused_view, Path::forward_backward_scalar})
         this->check(part, opt, p, ref, path, "V 4099");
+    }
+  }
+}
+
+// Rows whose max grows along the row by more than e^80 (the host kernels' running max then does a chunk again
+// in two passes): a jump inside the first chunk past its first 64 columns, a jump in a later chunk, rising and
+// falling ramps over rows of several 4096-column chunks per rank, host and team kernels, every path.
+TYPED_TEST(CrossEntropyTest, RowsWhoseMaxGrowsByMoreThanE80) {
+  using scalar = typename TestFixture::scalar;
+  const auto part = vpce::VocabPartition::even(3 * 4096 * this->comm.size() + 7, this->comm);
+  Problem p = make_problem<scalar>(5, part.vocab_size(), 11);
+  const std::int64_t v = p.v;
+  for (std::int64_t j = 0; j < v; ++j) {
+    const double noise = p.at(2, j) - std::floor(p.at(2, j));  // in [0, 1)
+    p.at(0, j) = static_cast<scalar>(-300.0 + noise);
+    p.at(1, j) = static_cast<scalar>(-200.0 + 400.0 * double(j) / double(v) + noise);
+    p.at(3, j) = static_cast<scalar>(200.0 - 400.0 * double(j) / double(v) + noise);
+  }
+  for (std::int64_t r = 0; r < this->comm.size(); ++r) {  // on every rank: column 100 and 5000 of its slice
+    const std::int64_t b = part.begin(int(r));
+    p.at(0, b + 100) = static_cast<scalar>(100.0 + double(r));
+    p.at(0, b + 5000) = static_cast<scalar>(250.0 - double(r));
+  }
+  const Reference ref = reference(p);
+  for (auto strategy : {vpce::Strategy::fused, vpce::Strategy::seed}) {
+    for (bool teams : {false, true}) {
+      vpce::Options opt;
+      opt.strategy = strategy;
+      opt.force_team_kernels = teams;
+      for (Path path : all_paths()) this->check(part, opt, p, ref, path, "rising max");
     }
   }
 }

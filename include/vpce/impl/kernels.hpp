@@ -336,7 +336,11 @@ struct HostInner {
   KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online(std::int64_t n, const Z& z, const X& x, bool sum_x,
                                                     const T* weights, T* exps, const ChunkMax& chunk_max,
                                                     const Ahead& ahead, const P& pace) const {
-    T zmax = neg_inf<T>(), m = neg_inf<T>(), sx = 0;
+    // A provisional max from the row's first 64 columns, so that the first chunk too is read once (its exps
+    // against it, its max in the same pass) rather than in two passes; if they are all -inf (or NaN) the
+    // first chunk is done in two passes, as one whose max grew by more than e^80.
+    T zmax = max<T>(n < 64 ? n : 64, z);
+    T m = zmax != neg_inf<T>() ? x(zmax) : neg_inf<T>(), sx = 0;
     double acc = 0, acc_h = 0;  // acc_h: relative to m, as acc
     for (std::int64_t j0 = 0; j0 < n; j0 += chunk_cols) {
       const std::int64_t len = j0 + chunk_cols < n ? chunk_cols : n - j0;
