@@ -54,9 +54,11 @@ JUMP_TARGET = re.compile(r"(?:^|[\s,])([0-9a-f]+) <")
 
 def flags_for(args, kernel_tu, march, cxx=None):
     """The kernel TU's command with its source, output, -march and optimisation level replaced (and its
-    compiler, for a cross compiler)."""
-    keep = [a for a in without_source_and_output(args[1:], kernel_tu)
-            if not a.startswith(("-march=", "-mtune=", "-O", "-g", "-fsanitize", "-fno-sanitize"))]
+    compiler, for a cross compiler, without the x86-only -mprefer-vector-width)."""
+    drop = ("-march=", "-mtune=", "-O", "-g", "-fsanitize", "-fno-sanitize")
+    if cxx:
+        drop += ("-mprefer-vector-width=",)
+    keep = [a for a in without_source_and_output(args[1:], kernel_tu) if not a.startswith(drop)]
     return [cxx or args[0]] + keep + ["-O3", "-DNDEBUG", f"-march={march}"]
 
 
