@@ -723,7 +723,7 @@ class LocalStats {
         [&](T z) { return p.template transform<Capped>(z); }, smoothing,
         p.weights == nullptr ? nullptr : p.weights + m_a.begin, p.entropy,
         m_exps.data == nullptr ? nullptr : m_exps.row(i), [&](std::int64_t chunk, T m) { m_chunk_max(i, chunk) = m; },
-        Ahead::of(x), pace);
+        Ahead::of(x, m_exps.data != nullptr), pace);
     const RowStats<T> r = mark_row(o.m, o.s, t, smoothing ? o.sx : T(0), p.entropy ? o.h : T(0), o.zmax);
     in.single([&]() { m_out.store(i, r); });
   }

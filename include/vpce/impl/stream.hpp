@@ -149,35 +149,45 @@ KOKKOS_FORCEINLINE_FUNCTION bool round_line_hw(G* line, const float* f) {
 /// (perf_tests/NOTES.md, issue 12).
 inline constexpr std::int64_t prefetch_distance = 4096;
 
-/// A hint that the line at p will be read soon (into every cache level). Never faults; a no-op on devices and
-/// compilers without the builtin.
+/// A hint that the line at p will be read soon: into every cache level (Locality 3, x86's prefetcht0) or into
+/// L2 and beyond (2, prefetcht1). Never faults; a no-op on devices and compilers without the builtin.
+template <int Locality>
 KOKKOS_FORCEINLINE_FUNCTION void prefetch(const void* p) {
 #if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__) && \
     !defined(__SYCL_DEVICE_ONLY__)
-  __builtin_prefetch(p, 0, 3);
+  __builtin_prefetch(p, 0, Locality);
 #else
   (void)p;
 #endif
 }
 
 /// A row a host loop streams through, prefetched `prefetch_distance` bytes ahead (HostInner's loops call
-/// at() once per step of columns). Default: nothing to prefetch.
+/// at() once per step of columns): into L2 only, or into L1 too (`l1`). Into L2 the loops that only read the
+/// row (the forward's statistics, the backward's recompute) ran 15-20% faster than into L1 (fp32 forward at
+/// 1x2 31.6 -> 27.2 ms; the L1's fill buffers stay free for the loads), while the fused `loss_and_grad`'s
+/// statistics, which store the exps and share the core with another row's streamed gradient, ran 3-4% slower
+/// (44.0 -> 45.6 ms; perf_tests/NOTES.md, issue 12, sixth round). Default: nothing to prefetch.
 struct Ahead {
   const char* row = nullptr;
   std::int64_t elem = 0;  ///< bytes per column
+  bool l1 = false;        ///< prefetcht0 rather than prefetcht1
   template <class S>
-  KOKKOS_FORCEINLINE_FUNCTION static Ahead of(const S* row) {
-    return {reinterpret_cast<const char*>(row), std::int64_t(sizeof(S))};
+  KOKKOS_FORCEINLINE_FUNCTION static Ahead of(const S* row, bool l1 = false) {
+    return {reinterpret_cast<const char*>(row), std::int64_t(sizeof(S)), l1};
   }
   /// The same row from column j0 on.
   KOKKOS_FORCEINLINE_FUNCTION Ahead from(std::int64_t j0) const {
-    return {row == nullptr ? nullptr : row + j0 * elem, elem};
+    return {row == nullptr ? nullptr : row + j0 * elem, elem, l1};
   }
   /// Prefetches the lines of columns [j, j + cols), prefetch_distance bytes on.
   KOKKOS_FORCEINLINE_FUNCTION void at(std::int64_t j, std::int64_t cols) const {
     if (row == nullptr) return;
     const char* p = row + j * elem + prefetch_distance;
-    for (std::int64_t b = 0; b < cols * elem; b += 64) prefetch(p + b);
+    if (l1) {
+      for (std::int64_t b = 0; b < cols * elem; b += 64) prefetch<3>(p + b);
+    } else {
+      for (std::int64_t b = 0; b < cols * elem; b += 64) prefetch<2>(p + b);
+    }
   }
 };
 
