@@ -32,6 +32,20 @@ class CrossEntropyTest : public ::testing::Test {
     expect_inputs_unchanged<C>(in, p, part.begin(), what);
     return out;
   }
+  /// check() for each of `paths` with both strategies, host and team kernels, in automatic blocks of a few rows.
+  void check_strategies_and_kernels(const vpce::VocabPartition& part, const Problem& p, const std::vector<Path>& paths,
+                                    const std::string& label) {
+    const Reference ref = reference(p);
+    for (auto strategy : {vpce::Strategy::fused, vpce::Strategy::seed}) {
+      for (bool teams : {false, true}) {
+        vpce::Options opt;
+        opt.strategy = strategy;
+        opt.force_team_kernels = teams;
+        opt.block_bytes_per_thread = 4096;
+        for (Path path : paths) check(part, opt, p, ref, path, label);
+      }
+    }
+  }
 };
 
 TYPED_TEST_SUITE(CrossEntropyTest, AllConfigs, ConfigName);
@@ -60,17 +74,7 @@ TYPED_TEST(CrossEntropyTest, LargerProblem) {
   using scalar = typename TestFixture::scalar;
   const auto part = vpce::VocabPartition::even(4099, this->comm);
   const Problem p = make_problem<scalar>(67, part.vocab_size(), 4099);
-  const Reference ref = reference(p);
-  for (auto strategy : {vpce::Strategy::fused, vpce::Strategy::seed}) {
-    for (bool teams : {false, true}) {
-      vpce::Options opt;
-      opt.strategy = strategy;
-      opt.force_team_kernels = teams;
-      opt.block_bytes_per_thread = 4096;  // automatic blocks of a few rows
-      for (Path path : {Path::fused_view, Path::forward_backward_scalar})
-        this->check(part, opt, p, ref, path, "V 4099");
-    }
-  }
+  this->check_strategies_and_kernels(part, p, {Path::fused_view, Path::forward_backward_scalar}, "V 4099");
 }
 
 // Rows whose max grows along the row by more than e^80 (the host kernels' running max then does a chunk again
@@ -92,15 +96,7 @@ TYPED_TEST(CrossEntropyTest, RowsWhoseMaxGrowsByMoreThanE80) {
     p.at(0, b + 100) = static_cast<scalar>(100.0 + double(r));
     p.at(0, b + 5000) = static_cast<scalar>(250.0 - double(r));
   }
-  const Reference ref = reference(p);
-  for (auto strategy : {vpce::Strategy::fused, vpce::Strategy::seed}) {
-    for (bool teams : {false, true}) {
-      vpce::Options opt;
-      opt.strategy = strategy;
-      opt.force_team_kernels = teams;
-      for (Path path : all_paths()) this->check(part, opt, p, ref, path, "rising max");
-    }
-  }
+  this->check_strategies_and_kernels(part, p, all_paths(), "rising max");
 }
 
 // One token.
