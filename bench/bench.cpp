@@ -157,18 +157,20 @@ std::vector<Record> run_typed(const Communicator& comm, const Config& cfg) {
       Kokkos::parallel_reduce(
           "vpce_bench::read", Rows(0, n),
           KOKKOS_LAMBDA(std::int64_t i, T & acc) {
+            // Captured before the `if constexpr`: nvcc's extended lambdas cannot first-capture inside one.
+            const S* x = &logits(i, 0);
+            const std::int64_t cols = v;
             if constexpr (sizeof(S) == 2) {  // the raw 16-bit patterns, summed as integers: float16's
               // conversion to float is scalar code, which made this "ceiling" slower than the forward
-              const auto* x = reinterpret_cast<const std::uint16_t*>(&logits(i, 0));
+              const auto* bits = reinterpret_cast<const std::uint16_t*>(x);
               std::uint32_t s = 0;
 #pragma omp simd reduction(+ : s)
-              for (std::int64_t j = 0; j < v; ++j) s += x[j];
+              for (std::int64_t j = 0; j < cols; ++j) s += bits[j];
               acc += T(float(s));
             } else {
-              const S* x = &logits(i, 0);
               T s = 0;
 #pragma omp simd reduction(+ : s)
-              for (std::int64_t j = 0; j < v; ++j) s += T(x[j]);
+              for (std::int64_t j = 0; j < cols; ++j) s += T(x[j]);
               acc += s;
             }
           },
