@@ -163,7 +163,7 @@ KOKKOS_FORCEINLINE_FUNCTION void prefetch(const void* p) {
 
 /// A row a host loop streams through, prefetched `prefetch_distance` bytes ahead (HostInner's loops call
 /// at() once per step of columns): into L2 only, or into L1 too (`l1`). Into L2 the loops that only read the
-/// row (the forward's statistics, the backward's recompute) ran 15-20% faster than into L1 (fp32 forward at
+/// row (the forward's statistics, the backward's recompute) ran 14-18% faster than into L1 (fp32 forward at
 /// 1x2 31.6 -> 27.2 ms; the L1's fill buffers stay free for the loads), while the fused `loss_and_grad`'s
 /// statistics, which store the exps and share the core with another row's streamed gradient, ran 3-4% slower
 /// (44.0 -> 45.6 ms; perf_tests/NOTES.md, issue 12, sixth round). Default: nothing to prefetch.
