@@ -12,16 +12,21 @@
 
 namespace vpce {
 
-std::int64_t default_block_bytes_per_thread() {
+std::int64_t l2_cache_bytes() {
   static const std::int64_t bytes = [] {
     long l2 = -1;
 #if defined(_SC_LEVEL2_CACHE_SIZE)
     l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);  // glibc: from cpuid; 0 or -1 where unknown
 #endif
-    if (l2 <= 0) return std::int64_t(256) << 10;
-    return std::clamp<std::int64_t>(l2 / 8, std::int64_t(128) << 10, std::int64_t(8) << 20);
+    return std::int64_t(l2 > 0 ? l2 : 0);
   }();
   return bytes;
+}
+
+std::int64_t default_block_bytes_per_thread() {
+  const std::int64_t l2 = l2_cache_bytes();
+  if (l2 == 0) return std::int64_t(256) << 10;
+  return std::clamp<std::int64_t>(l2 / 8, std::int64_t(128) << 10, std::int64_t(8) << 20);
 }
 
 Strategy strategy_from_string(const std::string& s) {

@@ -190,18 +190,17 @@ struct CallContext {
   /// statistics stored (exps set: the fused strategy on the host) or from the logits.
   void finalize(std::int64_t r0, std::int64_t r1, const RowPtr<T>& exps) const {
     ScopedRegion region("vpce::loss_grad");
-    with_finalize(exps, [&](const auto& f) { for_rows("vpce::finalize", r0, r1, f); });
+    with_finalize(exps, core.template store<G>(), [&](const auto& f) { for_rows("vpce::finalize", r0, r1, f); });
   }
 
-  /// launch(f) with the Finalize functor of this call (see finalize()).
+  /// launch(f) with the Finalize functor of this call (see finalize()), which writes its rows `how`.
   template <class Launch>
-  void with_finalize(const RowPtr<T>& exps, const Launch& run) const {
+  void with_finalize(const RowPtr<T>& exps, Store how, const Launch& run) const {
     auto launch = [&](auto write, auto source) {
       run(Finalize<Scalar, T, G, memory_space, decltype(write)::value, decltype(source)::value, Capped>(
           args, Records<const T, memory_space>{core.ws.records.view(), core.ws.layout},
           LossOut<T, memory_space>{loss, core.ws.lse}, y, g, core.ws.stash_target,
-          StoredExps<T, memory_space>{{exps.data, exps.ld, exps.row0}, core.ws.chunk_max},
-          core.template store<G>()));
+          StoredExps<T, memory_space>{{exps.data, exps.ld, exps.row0}, core.ws.chunk_max}, how));
     };
     auto with_write = [&](auto source) {
       if (what == Write::grad) {

@@ -104,7 +104,8 @@ class FusedStrategy {
       : c(c),
         ws(c.core.ws),
         store_exps(fused_stores_exps(c.what, Ctx::capped, c.core.use_teams(), c.core.opt.probability_targets)),
-        block_rows(rows_per_block(c)) {}
+        block_rows(rows_per_block(c)),
+        paired_store(paired_store_for(c, block_rows)) {}
 
   void run() {
     const std::int64_t n = c.n_rows;
@@ -157,6 +158,25 @@ class FusedStrategy {
     return rows > most / loss_block_factor ? most : rows * loss_block_factor;
   }
 
+  /// How StatsWithGradient writes the gradient: with plain stores where the gradient rows are the logits' own
+  /// (in place) and a thread's share of the three live blocks -- the logits of two, read since the rows it
+  /// writes were, and the exps of three -- fits in its L2: those rows' lines are then still in L2, a plain
+  /// store needs no read from memory, and a streaming store to a line in cache was slower (fp32 in place,
+  /// 1 rank x 2 threads: 45.7 -> 37.1 ms with the default blocks, 0.92x the copy; with blocks twice as
+  /// large, over the L2, streaming stores 3% faster; perf_tests/NOTES.md, issue 12, seventh round). Else the
+  /// core's choice (streaming stores on the host).
+  static Store paired_store_for(const Ctx& c, std::int64_t block_rows) {
+    const Store core = c.core.template store<std::remove_pointer_t<decltype(c.y.data)>>();
+    const bool in_place =
+        static_cast<const void*>(c.y.data) == static_cast<const void*>(c.args.x) && c.y.ld == c.args.ld_x;
+    if (core == Store::plain || !in_place) return core;
+    const std::int64_t threads = std::max<std::int64_t>(1, c.core.exec.concurrency());
+    const std::int64_t rows = (std::min(block_rows, c.n_rows) + threads - 1) / threads;
+    const std::int64_t bytes_per_column = 2 * std::int64_t(sizeof(typename Ctx::Scalar)) + 3 * std::int64_t(sizeof(T));
+    const std::int64_t l2 = l2_cache_bytes();
+    return l2 > 0 && rows <= l2 / bytes_per_column / std::max<std::int64_t>(1, c.args.n) ? Store::plain : core;
+  }
+
   /// Block `index` of the call: rows [r0, r1).
   struct Block {
     std::int64_t index = 0, r0 = 0, r1 = 0;
@@ -181,7 +201,7 @@ class FusedStrategy {
     bool paired = false;
     if constexpr (is_host_space_v<Exec> && sizeof(typename Ctx::Scalar) >= 4) {
       if (!s.empty() && !f.empty() && exps(f).data != nullptr) {
-        c.with_finalize(exps(f), [&](const auto& fin) {
+        c.with_finalize(exps(f), paired_store, [&](const auto& fin) {
           using Fin = std::decay_t<decltype(fin)>;
           if constexpr (Fin::piecewise) {
             ScopedRegion region("vpce::stats_loss_grad");
@@ -237,6 +257,7 @@ class FusedStrategy {
   const Workspace<T, memory_space>& ws;
   const bool store_exps;
   const std::int64_t block_rows;
+  const Store paired_store;
 };
 
 }  // namespace vpce::impl
