@@ -166,27 +166,28 @@ KOKKOS_FORCEINLINE_FUNCTION void prefetch(const void* p) {
 /// row (the forward's statistics, the backward's recompute) ran 14-18% faster than into L1 (fp32 forward at
 /// 1x2 31.6 -> 27.2 ms; the L1's fill buffers stay free for the loads), while the fused `loss_and_grad`'s
 /// statistics, which store the exps and share the core with another row's streamed gradient, ran 3-4% slower
-/// (44.0 -> 45.6 ms; perf_tests/NOTES.md, issue 12, sixth round). Default: nothing to prefetch.
+/// (44.0 -> 45.6 ms; perf_tests/NOTES.md, issue 12, sixth round). Default: nothing to prefetch (elem 0).
 struct Ahead {
   const char* row = nullptr;
   std::int64_t elem = 0;  ///< bytes per column
   bool l1 = false;        ///< prefetcht0 rather than prefetcht1
   template <class S>
   KOKKOS_FORCEINLINE_FUNCTION static Ahead of(const S* row, bool l1 = false) {
-    return {reinterpret_cast<const char*>(row), std::int64_t(sizeof(S)), l1};
+    return {reinterpret_cast<const char*>(row), row == nullptr ? 0 : std::int64_t(sizeof(S)), l1};
   }
   /// The same row from column j0 on.
-  KOKKOS_FORCEINLINE_FUNCTION Ahead from(std::int64_t j0) const {
-    return {row == nullptr ? nullptr : row + j0 * elem, elem, l1};
-  }
-  /// Prefetches the lines of columns [j, j + cols), prefetch_distance bytes on.
+  KOKKOS_FORCEINLINE_FUNCTION Ahead from(std::int64_t j0) const { return {row + j0 * elem, elem, l1}; }
+  /// Prefetches the lines of columns [j, j + cols), prefetch_distance bytes on. The default Ahead (elem 0)
+  /// runs no iteration, so the loops that call this need no test of row (without one per step of columns
+  /// the fp32 forward ran 0-4% faster; perf_tests/NOTES.md, issue 12, seventh round); its row (null) is only
+  /// ever offset by 0.
   KOKKOS_FORCEINLINE_FUNCTION void at(std::int64_t j, std::int64_t cols) const {
-    if (row == nullptr) return;
-    const char* p = row + j * elem + prefetch_distance;
+    const char* p = row + j * elem;
+    const std::int64_t end = prefetch_distance + cols * elem;
     if (l1) {
-      for (std::int64_t b = 0; b < cols * elem; b += 64) prefetch<3>(p + b);
+      for (std::int64_t b = prefetch_distance; b < end; b += 64) prefetch<3>(p + b);
     } else {
-      for (std::int64_t b = 0; b < cols * elem; b += 64) prefetch<2>(p + b);
+      for (std::int64_t b = prefetch_distance; b < end; b += 64) prefetch<2>(p + b);
     }
   }
 };
