@@ -35,8 +35,9 @@ enum class NonFinite {
 /// The per-core L2 cache of this machine in bytes (sysconf's _SC_LEVEL2_CACHE_SIZE), or 0 where not known.
 std::int64_t l2_cache_bytes();
 
-/// An eighth of l2_cache_bytes(), within [128 KiB, 8 MiB]; 256 KiB where the size is not known. Options's default: the exps of three blocks, and the logits
-/// streaming past them, stay in L2 (measured best among L2/8, L2/4 and L2/2, perf_tests/NOTES.md).
+/// An eighth of l2_cache_bytes(), within [128 KiB, 8 MiB]; 256 KiB where the size is not known. Options's
+/// default: the exps of three blocks, and the logits streaming past them, stay in L2 (measured best among
+/// L2/8, L2/4 and L2/2, perf_tests/NOTES.md).
 std::int64_t default_block_bytes_per_thread();
 
 /// Everything is combinable, and supported by every strategy and memory mode. Must be the same on every
