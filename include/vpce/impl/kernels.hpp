@@ -167,9 +167,9 @@ struct HostInner {
   /// K sums at once, f(j) giving column j's K terms (Terms<T, K>), each summed as sum() does, and *max = the
   /// max of g(j), in one pass; the row f reads from memory is prefetched `ahead` (stream.hpp), and pace(j)
   /// called after each piece of 32 x Lanes columns (NoPace).
-  template <class T, int K, int Lanes = 16, class F, class G, class P = NoPace>
+  template <class T, int K, int Lanes = 16, class F, class G, Hint H = Hint::l2, class P = NoPace>
   KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN Terms<T, K> sums_max(std::int64_t n, const F& f, const G& g, T* max,
-                                                   const Ahead& ahead = {}, const P& pace = P{}) const {
+                                                                const Ahead<H>& ahead = {}, const P& pace = P{}) const {
     static_assert(K == 1 || K == 2, "one or two sums");
     constexpr std::int64_t lanes = Lanes, chunk = 32 * lanes;
     double total[K][lanes] = {};
@@ -262,9 +262,9 @@ struct HostInner {
   /// one are copied with plain stores from a line formed at the row's first (last) columns, so that every loop
   /// is a whole vector line; then stream_fence(), unless `fence` is false (the caller fences later: a fence
   /// per piece of a row written piecewise cost ~7% of `loss_and_grad`) and c is not in the row.
-  template <class G, class F>
+  template <class G, class F, Hint H = Hint::l2>
   KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN void store(std::int64_t n, G* y, const F& v, std::int64_t c, G fix,
-                                                      Store how, const Ahead& ahead = {}, bool fence = true) const {
+                                                      Store how, const Ahead<H>& ahead = {}, bool fence = true) const {
     constexpr std::int64_t lanes = 64 / std::int64_t(sizeof(G));  // columns per line
     const std::int64_t off = std::int64_t(reinterpret_cast<std::uintptr_t>(y) % 64);
     if (how == Store::plain || n < lanes || off % std::int64_t(sizeof(G)) != 0) {
@@ -307,10 +307,10 @@ struct HostInner {
   /// `exps` (a row of n), stores e_j = exp(x_j - m_c) there, m_c being the running max when chunk c was
   /// stored, given to chunk_max(c, m_c): Finalize then only rescales, one exp per element. `ahead`: the row z
   /// reads, prefetched (stream.hpp); `pace`: told the columns read as the exps' loops go (NoPace).
-  template <class T, int Lanes, class Z, class X, class ChunkMax, class P = NoPace>
+  template <class T, int Lanes, class Z, class X, class ChunkMax, Hint H, class P = NoPace>
   KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online_stats(std::int64_t n, const Z& z, const X& x, bool sum_x,
                                                           const T* weights, bool entropy, T* exps,
-                                                          const ChunkMax& chunk_max, const Ahead& ahead,
+                                                          const ChunkMax& chunk_max, const Ahead<H>& ahead,
                                                           const P& pace = P{}) const {
     if (entropy) return online<2, T, Lanes>(n, z, x, sum_x, weights, exps, chunk_max, ahead, pace);
     return online<1, T, Lanes>(n, z, x, sum_x, weights, exps, chunk_max, ahead, pace);
@@ -318,8 +318,8 @@ struct HostInner {
 
  private:
   /// y[j] = v(j) for j in [0, n), prefetching `ahead` once per 64 bytes of y.
-  template <class G, class F>
-  KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN void fill(std::int64_t n, G* y, const F& v, const Ahead& ahead) const {
+  template <class G, class F, Hint H>
+  KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN void fill(std::int64_t n, G* y, const F& v, const Ahead<H>& ahead) const {
     constexpr std::int64_t lanes = 64 / std::int64_t(sizeof(G));
     const std::int64_t whole = n - n % lanes;
     for (std::int64_t j = 0; j < whole; j += lanes) {
@@ -332,10 +332,10 @@ struct HostInner {
   }
 
   /// online_stats with K = 1 (s) or 2 (s and h) sums.
-  template <int K, class T, int Lanes, class Z, class X, class ChunkMax, class P>
+  template <int K, class T, int Lanes, class Z, class X, class ChunkMax, Hint H, class P>
   KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online(std::int64_t n, const Z& z, const X& x, bool sum_x,
                                                     const T* weights, T* exps, const ChunkMax& chunk_max,
-                                                    const Ahead& ahead, const P& pace) const {
+                                                    const Ahead<H>& ahead, const P& pace) const {
     // A provisional max from the row's first 64 columns, so that the first chunk too is read once (its exps
     // against it, its max in the same pass) rather than in two passes; if they are all -inf (or NaN) the
     // first chunk is done in two passes, as one whose max grew by more than e^80.
@@ -414,9 +414,9 @@ struct HostInner {
   /// `WithMax` also *cz = the max of z over the same columns, in the same pass (m is then finite). With
   /// m = -inf (every logit so far -inf or NaN) the sums are 0 -- s NaN if a NaN hides among them -- and y
   /// gets zeros.
-  template <int K, bool WithMax, int Lanes, class T, class Z, class X, class P>
+  template <int K, bool WithMax, int Lanes, class T, class Z, class X, Hint H, class P>
   KOKKOS_INLINE_FUNCTION VPCE_FLATTEN Terms<T, K> exp_sums(std::int64_t len, const Z& z, const X& x, T* y, T m, T* cz,
-                                              const Ahead& ahead, const P& pace) const {
+                                                           const Ahead<H>& ahead, const P& pace) const {
     auto no_max = [](std::int64_t) { return neg_inf<T>(); };
     if constexpr (!WithMax) {
       if (m == neg_inf<T>()) {
@@ -443,7 +443,8 @@ struct HostInner {
       }
     };
     if (y == nullptr) return sums_max<T, K, Lanes>(len, ExpTerms<K, false, T, Z, X>{z, x, y, m}, g, cz, ahead, pace);
-    return sums_max<T, K, Lanes>(len, ExpTerms<K, true, T, Z, X>{z, x, y, m}, g, cz, ahead, pace);
+    return sums_max<T, K, Lanes>(len, ExpTerms<K, true, T, Z, X>{z, x, y, m}, g, cz, ahead.template as<Hint::l1>(),
+                                 pace);
   }
 };
 
@@ -532,9 +533,9 @@ struct TeamInner {
     return r;
   }
   /// y[j] = G(v(j)) for j in [0, n), then y[c] = fix if 0 <= c < n (plain stores: a device writes whole lines).
-  template <class G, class F>
+  template <class G, class F, Hint H = Hint::l2>
   KOKKOS_FORCEINLINE_FUNCTION void store(std::int64_t n, G* y, const F& v, std::int64_t c, G fix, Store,
-                                         const Ahead& = {}, bool /*fence*/ = true) const {
+                                         const Ahead<H>& = {}, bool /*fence*/ = true) const {
     for_each(n, [&](std::int64_t j) { y[j] = to_storage<G>(v(j)); });
     barrier();
     if (c >= 0 && c < n) single([&]() { y[c] = fix; });
@@ -549,10 +550,10 @@ struct TeamInner {
   /// (m, s, h) over its columns, merged across the team. No exps are stored (exps and chunk_max are not
   /// used): Finalize recomputes them from the logits, which keeps the device's pass count at 2 reads + 1
   /// write.
-  template <class T, int /*Lanes*/, class Z, class X, class ChunkMax, class P = NoPace>
+  template <class T, int /*Lanes*/, class Z, class X, class ChunkMax, Hint H, class P = NoPace>
   KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online_stats(std::int64_t n, const Z& z, const X& x, bool /*sum_x*/,
                                                           const T* weights, bool /*entropy*/, T* /*exps*/,
-                                                          const ChunkMax& /*chunk_max*/, const Ahead& /*ahead*/,
+                                                          const ChunkMax& /*chunk_max*/, const Ahead<H>& /*ahead*/,
                                                           const P& /*pace*/ = P{}) const {
     return online<T>(n, [&](std::int64_t j, OnlineStats<T>& l) {
       const T zj = z(j), xj = x(zj);
@@ -719,11 +720,10 @@ class LocalStats {
     const T t = c >= 0 ? p.template transform<Capped>(to_compute(x[c])) : T(0);
     const bool smoothing = p.alpha > T(0);
     const OnlineStats<T> o = in.template online_stats<T, sum_lanes<S>>(
-        m_a.n, [&](std::int64_t j) { return to_compute(x[j]); },
-        [&](T z) { return p.template transform<Capped>(z); }, smoothing,
-        p.weights == nullptr ? nullptr : p.weights + m_a.begin, p.entropy,
+        m_a.n, [&](std::int64_t j) { return to_compute(x[j]); }, [&](T z) { return p.template transform<Capped>(z); },
+        smoothing, p.weights == nullptr ? nullptr : p.weights + m_a.begin, p.entropy,
         m_exps.data == nullptr ? nullptr : m_exps.row(i), [&](std::int64_t chunk, T m) { m_chunk_max(i, chunk) = m; },
-        Ahead::of(x, m_exps.data != nullptr), pace);
+        Ahead<read_hint<S>>::of(x), pace);
     const RowStats<T> r = mark_row(o.m, o.s, t, smoothing ? o.sx : T(0), p.entropy ? o.h : T(0), o.zmax);
     in.single([&]() { m_out.store(i, r); });
   }
@@ -1075,7 +1075,7 @@ class Finalize {
             const T xj = p.template transform<Capped>(to_compute(x[j]));
             return (term(xj) - smooth(j)) * p.template chain<Capped>(xj);
           },
-          fix_at, fix, m_store, Ahead::of(x));
+          fix_at, fix, m_store, Ahead<read_hint<S>>::of(x));
     };
     auto softmax = [&](T xj) { return fast_exp_no_overflow(xj - l) * kp; };
     // The entropy's term p_j beta (mu - x_j): 0 where p_j is 0 (a -inf logit).
@@ -1249,7 +1249,7 @@ class BackwardFromStash {
     const std::int64_t fix_at = c >= 0 && gi != T(0) ? c : -1;
     const G fix = G(fix_at >= 0 ? (q[c] - m_stash_target(i)) * gi : T(0));
     in.store(
-        m_a.n, yr, [&](std::int64_t j) { return q[j] * gi; }, fix_at, fix, m_store, Ahead::of(q));
+        m_a.n, yr, [&](std::int64_t j) { return q[j] * gi; }, fix_at, fix, m_store, Ahead<read_hint<T>>::of(q));
   }
 
  private:

@@ -161,33 +161,55 @@ KOKKOS_FORCEINLINE_FUNCTION void prefetch(const void* p) {
 #endif
 }
 
-/// A row a host loop streams through, prefetched `prefetch_distance` bytes ahead (HostInner's loops call
-/// at() once per step of columns): into L2 only, or into L1 too (`l1`). Into L2 the loops that only read the
-/// row (the forward's statistics, the backward's recompute) ran 14-18% faster than into L1 (fp32 forward at
-/// 1x2 31.6 -> 27.2 ms; the L1's fill buffers stay free for the loads), while the fused `loss_and_grad`'s
-/// statistics, which store the exps and share the core with another row's streamed gradient, ran 3-4% slower
-/// (44.0 -> 45.6 ms; perf_tests/NOTES.md, issue 12, sixth round). Default: nothing to prefetch (elem 0).
+/// How far ahead of its loads a loop that only reads a row of 4-byte columns also prefetches into L1, in
+/// bytes (Hint::l2_near_l1). Measured (2 threads, fp32 N 4096 x V 32768, Intel Xeon with AVX-512): the
+/// backward (recompute) 5-8% faster with 512 B, the forward within the noise; for 16-bit rows the extra
+/// instruction slowed the forward, bound by its exps, by 4-8% (perf_tests/NOTES.md, issue 12, eighth round).
+inline constexpr std::int64_t near_distance = 512;
+
+/// Where a host loop's prefetches put the lines of the row it streams: into L2 only, `prefetch_distance`
+/// bytes ahead (l2); the same, and into L1 `near_distance` ahead (l2_near_l1); into L1 `prefetch_distance`
+/// ahead (l1). Into L2 the loops that only read the row (the forward's statistics, the backward's recompute)
+/// ran 14-18% faster than into L1 (fp32 forward at 1x2 31.6 -> 27.2 ms; the L1's fill buffers stay free for
+/// the loads), while the fused `loss_and_grad`'s statistics, which store the exps and share the core with
+/// another row's streamed gradient, ran 3-4% slower (44.0 -> 45.6 ms; NOTES.md, issue 12, sixth round).
+enum class Hint { l2, l2_near_l1, l1 };
+
+/// The hint of a loop that only reads a row of S: the near L1 prefetch for 4-byte (and wider) columns only.
+template <class S>
+inline constexpr Hint read_hint = sizeof(S) >= 4 ? Hint::l2_near_l1 : Hint::l2;
+
+/// A row a host loop streams through, prefetched as H says (HostInner's loops call at() once per step of
+/// columns). The hint is a template parameter, so that the loops carry no test of it. Default: nothing to
+/// prefetch (elem 0).
+template <Hint H = Hint::l2>
 struct Ahead {
   const char* row = nullptr;
   std::int64_t elem = 0;  ///< bytes per column
-  bool l1 = false;        ///< prefetcht0 rather than prefetcht1
   template <class S>
-  KOKKOS_FORCEINLINE_FUNCTION static Ahead of(const S* row, bool l1 = false) {
-    return {reinterpret_cast<const char*>(row), row == nullptr ? 0 : std::int64_t(sizeof(S)), l1};
+  KOKKOS_FORCEINLINE_FUNCTION static Ahead of(const S* row) {
+    return {reinterpret_cast<const char*>(row), row == nullptr ? 0 : std::int64_t(sizeof(S))};
   }
   /// The same row from column j0 on.
-  KOKKOS_FORCEINLINE_FUNCTION Ahead from(std::int64_t j0) const { return {row + j0 * elem, elem, l1}; }
-  /// Prefetches the lines of columns [j, j + cols), prefetch_distance bytes on. The default Ahead (elem 0)
-  /// runs no iteration, so the loops that call this need no test of row (without one per step of columns
-  /// the fp32 forward ran 0-4% faster; perf_tests/NOTES.md, issue 12, seventh round); its row (null) is only
-  /// ever offset by 0.
+  KOKKOS_FORCEINLINE_FUNCTION Ahead from(std::int64_t j0) const { return {row + j0 * elem, elem}; }
+  /// The same row with another hint.
+  template <Hint Other>
+  KOKKOS_FORCEINLINE_FUNCTION Ahead<Other> as() const {
+    return {row, elem};
+  }
+  /// Prefetches the lines of columns [j, j + cols), as H says. The default Ahead (elem 0) runs no
+  /// iteration, so the loops that call this need no test of row (without one per step of columns the fp32
+  /// forward ran 0-4% faster; NOTES.md, issue 12, seventh round); its row (null) is only ever offset by 0.
   KOKKOS_FORCEINLINE_FUNCTION void at(std::int64_t j, std::int64_t cols) const {
     const char* p = row + j * elem;
-    const std::int64_t end = prefetch_distance + cols * elem;
-    if (l1) {
-      for (std::int64_t b = prefetch_distance; b < end; b += 64) prefetch<3>(p + b);
+    const std::int64_t bytes = cols * elem;
+    if constexpr (H == Hint::l1) {
+      for (std::int64_t b = prefetch_distance; b < prefetch_distance + bytes; b += 64) prefetch<3>(p + b);
     } else {
-      for (std::int64_t b = prefetch_distance; b < end; b += 64) prefetch<2>(p + b);
+      for (std::int64_t b = prefetch_distance; b < prefetch_distance + bytes; b += 64) prefetch<2>(p + b);
+      if constexpr (H == Hint::l2_near_l1) {
+        for (std::int64_t b = near_distance; b < near_distance + bytes; b += 64) prefetch<3>(p + b);
+      }
     }
   }
 };
