@@ -123,12 +123,14 @@ def torch_logsumexp(args):
 
 
 def vpce(args):
+    # --bind-to none: OpenMPI binds each of up to 2 ranks to one core, so a single rank's threads would share a
+    # core while PyTorch's threads each have one.
     env = dict(os.environ, OMP_NUM_THREADS=str(max(1, args.threads // args.ranks)), OMP_PROC_BIND="false",
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "vpce.json")
-        cmd = ["mpirun", "-np", str(args.ranks), "--oversubscribe", args.vpce_perf, str(args.tokens),
-               str(args.vocab_local * args.ranks), "float32", str(args.reps), out]
+        cmd = ["mpirun", "-np", str(args.ranks), "--oversubscribe", "--bind-to", "none", args.vpce_perf,
+               str(args.tokens), str(args.vocab_local * args.ranks), "float32", str(args.reps), out]
         subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         with open(out) as f:
             return {r["name"]: r["ms_median"] for r in json.load(f)}
@@ -140,8 +142,9 @@ def vpce_torch(args):
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "python_perf.py")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "python.json")
-        cmd = ["mpirun", "-np", str(args.ranks), "--oversubscribe", sys.executable, script, "--tokens",
-               str(args.tokens), "--vocab-local", str(args.vocab_local), "--rounds", str(args.reps), "--json", out]
+        cmd = ["mpirun", "-np", str(args.ranks), "--oversubscribe", "--bind-to", "none", sys.executable, script,
+               "--tokens", str(args.tokens), "--vocab-local", str(args.vocab_local), "--rounds", str(args.reps),
+               "--json", out]
         subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
         with open(out) as f:
             return json.load(f)["ms"]
