@@ -12,7 +12,9 @@ mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_PROC_BIND=${OMP_PROC_BIND:-false}
 run() {  # ranks threads tokens vocab name
   echo "sweep: $5 ($1 rank(s) x $2 thread(s), N=$3, V=$4)"
-  OMP_NUM_THREADS=$2 mpirun -np "$1" --oversubscribe "$perf" "$3" "$4" float32 "$reps" "$out/$5.json" >/dev/null 2>&1
+  # --bind-to none: OpenMPI binds each of up to 2 ranks to a core of its own, so 2 threads would share it
+  OMP_NUM_THREADS=$2 mpirun -np "$1" --oversubscribe --bind-to none "$perf" "$3" "$4" float32 "$reps" \
+    "$out/$5.json" >/dev/null 2>&1
 }
 # GB/s against problem size (1 rank x 2 threads, V_local = 32768)
 for n in 256 1024 4096 8192; do run 1 2 $n 32768 size_1x2_n$n; done
