@@ -163,8 +163,8 @@ KOKKOS_FORCEINLINE_FUNCTION void prefetch(const void* p) {
 
 /// How far ahead of its loads a loop that only reads a row of 4-byte columns also prefetches into L1, in
 /// bytes (Hint::l2_near_l1). Measured (2 threads, fp32 N 4096 x V 32768, Intel Xeon with AVX-512): the
-/// backward (recompute) 5-8% faster with 512 B, the forward within the noise; for 16-bit rows the extra
-/// instruction slowed the forward, bound by its exps, by 4-8% (perf_tests/NOTES.md, issue 12, eighth round).
+/// backward (recompute) 7-8% faster with 512 B, the forward 2-4%; for 16-bit rows the extra instruction
+/// slowed the forward, bound by its exps, by 4-8% (perf_tests/NOTES.md, issue 12, seventh and eighth rounds).
 inline constexpr std::int64_t near_distance = 512;
 
 /// Where a host loop's prefetches put the lines of the row it streams: into L2 only, `prefetch_distance`
