@@ -88,8 +88,9 @@ struct StatsWithGradient {
   }
 };
 
-/// How many times larger the blocks of a call that keeps no exps are (FusedStrategy::rows_per_block).
-inline constexpr std::int64_t loss_block_factor = 4;
+/// How many times larger the blocks of a call that keeps no exps are (FusedStrategy::rows_per_block): 64 MiB
+/// of logits per thread with the default blocks of an eighth of a 2 MiB L2.
+inline constexpr std::int64_t loss_block_factor = 256;
 
 /// Whether a call keeps the host's exps in the scratch (see the file comment).
 /// Not with probability targets: their gradient reads them beside recomputed exps (a per-column term).
@@ -147,9 +148,10 @@ class FusedStrategy {
   /// Rows per block after the head: the core's block_rows for a call that may keep its exps (their three
   /// blocks must stay in cache), loss_block_factor times that, where the size was chosen from the cache
   /// (Options::block_rows = 0), for a call that keeps none whatever the kernels' form (the loss only, the
-  /// softcap, probability targets): there a block holds nothing in cache, and larger blocks make fewer
-  /// collectives and launches (measured: `forward` 17% slower with the smaller blocks at 2 ranks x 1
-  /// thread). Decided by the call and the options alone, the same on every rank.
+  /// softcap, probability targets): there a block holds nothing in cache, and each block costs a launch and
+  /// a collective, ~6 us (measured, fp32 forward at N 4096 x V_local 32768: 4x the cached size 25.9 / 52.0 ms
+  /// at 1 rank x 2 threads / 2 ranks x 1 thread, 256x 24.6 / 48.6; perf_tests/NOTES.md, issue 12, ninth
+  /// round). Decided by the call and the options alone, the same on every rank.
   static std::int64_t rows_per_block(const Ctx& c) {
     const std::int64_t rows = c.core.block_rows;
     const bool keeps_none = c.what == Write::loss || Ctx::capped || c.core.opt.probability_targets;
