@@ -44,10 +44,12 @@ class CrossEntropyCore;
 /// not communicate. Every collective call checks its inputs on every rank and, if any rank found a
 /// problem, throws the same vpce::Error on every rank. The outcome of the checks travels inside the call's
 /// first collective: an error-free call makes only the collectives of its strategy (the fused strategy one
-/// all-reduce per block of rows, see block_rows()). Input errors (shapes, targets, N) are found before any
+/// all-reduce per block of rows, see block_rows(); on one rank, for a call that keeps its exps on the host,
+/// only the first block's). Input errors (shapes, targets, N) are found before any
 /// output is written: the outputs are left as they were. A NaN/+inf logit (NonFinite::error) is found
 /// after the collective of its block: outputs written before it (the loss, the gradient rows of the
-/// earlier blocks, with an in-place gradient the logits of those rows) are then overwritten with NaN.
+/// earlier blocks -- on one rank where the rows after the first block are chained, all rows --, with an
+/// in-place gradient the logits of those rows) are then overwritten with NaN.
 /// After a failed call lse() is empty and reduced_loss() is NaN. Results are complete when a call returns.
 template <class Scalar, class ExecSpace = Kokkos::DefaultExecutionSpace>
 class CrossEntropy {

@@ -233,10 +233,12 @@ void CrossEntropyCore<Scalar, ExecSpace>::call(const logits_view& logits, const 
 
   const bool capped = opt.softcap > 0;
   const bool fused = opt.strategy == Strategy::fused;
-  const std::int64_t scratch_rows =
-      err.empty() && fused && fused_stores_exps(what, capped, use_teams(), opt.probability_targets)
-                                        ? scratch_slots(n_rows, head_rows, block_rows).rows
-                                        : 0;
+  const bool stores_exps =
+      err.empty() && fused && fused_stores_exps(what, capped, use_teams(), opt.probability_targets);
+  const std::int64_t chain_threads = fused_chains(comm.size(), is_host_space_v<ExecSpace>, stores_exps)
+                                         ? std::max<std::int64_t>(1, exec.concurrency())
+                                         : 0;
+  const std::int64_t scratch_rows = stores_exps ? fused_scratch_rows(n_rows, head_rows, block_rows, chain_threads) : 0;
   ws.reserve(n_rows, head_rows, v_local, scratch_rows, !fused, what == Write::stash && err.empty());
   RowPtr<G> y{what == Write::grad ? grad : nullptr, ld_grad, 0};
   if constexpr (std::is_same_v<G, T>) {

@@ -16,8 +16,10 @@
 /// streaming stores, also for a 16-bit gradient and in place. For logits of 4 bytes or more, in the launch
 /// that holds both, each thread writes a gradient row in step with the statistics row it reads
 /// (StatsWithGradient): the read stream and the write stream then overlap, which two launches one after the
-/// other did not (perf_tests/NOTES.md, issue 12, fifth round). A device stores no exps: its statistics read
-/// each row once and Finalize recomputes the exps from the logits (2 reads + 1 write of N x V_local in all).
+/// other did not (perf_tests/NOTES.md, issue 12, fifth round). On one rank (and the host, the exps kept) no
+/// collective makes a block wait: after the head, the rows run chained in one launch (ChainedRows). A device stores no
+/// exps: its statistics read each row once and Finalize recomputes the exps from the logits (2 reads + 1 write of N x
+/// V_local in all).
 
 #include <algorithm>
 #include <cstdint>
@@ -41,6 +43,19 @@ inline ScratchSlots scratch_slots(std::int64_t n, std::int64_t head_rows, std::i
   const std::int64_t blocks = n <= h0 ? 1 : 1 + (n - h0 + block_rows - 1) / block_rows;
   const std::int64_t slot = std::max(h0, std::min(n - h0, block_rows));
   return {slot, std::min<std::int64_t>(blocks, 3) * slot};
+}
+
+/// Whether a call runs its rows after the head chained (ChainedRows): on one rank, where no collective makes
+/// a block wait for the others, on the host, where it keeps its exps.
+inline bool fused_chains(int ranks, bool host, bool stores_exps) { return ranks == 1 && host && stores_exps; }
+
+/// Rows of the host's scratch of exps for n rows: the three slots of scratch_slots, or, for a chained call
+/// (`chain_threads` > 0), the head's rows and then two rows per thread.
+inline std::int64_t fused_scratch_rows(std::int64_t n, std::int64_t head_rows, std::int64_t block_rows,
+                                       std::int64_t chain_threads) {
+  if (chain_threads <= 0) return scratch_slots(n, head_rows, block_rows).rows;
+  const std::int64_t h0 = std::min(n, head_rows);
+  return std::max(h0, 2 * std::min(chain_threads, n - h0));
 }
 
 /// Block b+1's statistics and block b-1's gradient (from its stored exps) in one launch, on the host: index i
@@ -88,6 +103,35 @@ struct StatsWithGradient {
   }
 };
 
+/// On one rank, the rows after the head in ONE launch (no block waits for a collective): index c of `chunks`
+/// runs rows [r0 + (n - r0) c / chunks, r0 + (n - r0) (c + 1) / chunks) in order, row r's statistics in step
+/// with row r - 1's gradient (StatsWithGradient), their exps in two rows of the scratch of its own (row r's
+/// in rows[r % 2]). So every thread reads and writes its own rows without waiting for the other threads,
+/// which ~1000 launches of cache-sized blocks did at 1 rank x 2 threads: ~3 us each, 7-9% of
+/// `loss_and_grad` (perf_tests/NOTES.md, issue 12, ninth round).
+template <class T, class Stats, class Fin>
+struct ChainedRows {
+  Stats stats;
+  Fin fin;
+  T* scratch;
+  std::int64_t ld, r0, n, chunks, cols;
+  template <class Inner>
+  KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t c) const {
+    const std::int64_t a = r0 + (n - r0) * c / chunks, b = r0 + (n - r0) * (c + 1) / chunks;  // a < b
+    T* const rows[2] = {scratch + 2 * c * ld, scratch + (2 * c + 1) * ld};
+    for (std::int64_t r = a; r <= b; ++r) {  // r = b: row b - 1's gradient only
+      const StatsWithGradient<Stats, Fin> both{stats.with_exps({rows[r % 2], ld, r}),
+                                               fin.with_exps({rows[(r + 1) % 2], ld, r - 1}),
+                                               r,
+                                               r < b ? 1 : 0,
+                                               r - 1,
+                                               r > a ? 1 : 0,
+                                               cols};
+      both.row(in, 0);
+    }
+  }
+};
+
 /// How many times larger the blocks of a call that keeps no exps are (FusedStrategy::rows_per_block): 64 MiB
 /// of logits per thread with the default blocks of an eighth of a 2 MiB L2.
 inline constexpr std::int64_t loss_block_factor = 256;
@@ -106,7 +150,8 @@ class FusedStrategy {
         ws(c.core.ws),
         store_exps(fused_stores_exps(c.what, Ctx::capped, c.core.use_teams(), c.core.opt.probability_targets)),
         block_rows(rows_per_block(c)),
-        paired_store(paired_store_for(c, block_rows)) {}
+        chained(fused_chains(c.core.comm.size(), is_host_space_v<Exec>, store_exps)),
+        paired_store(paired_store_for(c, chained ? threads() : block_rows)) {}
 
   void run() {
     const std::int64_t n = c.n_rows;
@@ -116,6 +161,10 @@ class FusedStrategy {
     if (c.ok()) launch({0, 0, h0}, {});
     if (head_allreduce(h0)) c.throw_agreed();
     c.check(0, h0, /*written_rows=*/0);  // only the scratch was written
+    if (chained) {
+      chain(h0);
+      return;
+    }
     // The other blocks, pipelined; `due`: the block whose loss/gradient is written in the next launch.
     Block due{0, 0, h0};
     std::optional<Pending> pending;
@@ -140,6 +189,8 @@ class FusedStrategy {
  private:
   using T = typename Ctx::T;
   using memory_space = typename Ctx::memory_space;
+  using Exec = std::decay_t<decltype(std::declval<const Ctx&>().core.exec)>;
+  using Stats = LocalStats<typename Ctx::Scalar, T, memory_space, Ctx::capped>;
   using Part = decltype(std::declval<const Workspace<T, memory_space>&>().record_part(0, 0));
   using Pending = PendingReduction<Part>;
 
@@ -198,8 +249,6 @@ class FusedStrategy {
   /// launch after the other. With 16-bit logits the statistics are bound by the exps, not by the read, and
   /// in step with the gradient they were slower (bfloat16 `loss_and_grad` +14%, perf_tests/NOTES.md).
   void launch(const Block& s, const Block& f) const {
-    using Stats = LocalStats<typename Ctx::Scalar, T, memory_space, Ctx::capped>;
-    using Exec = std::decay_t<decltype(c.core.exec)>;
     bool paired = false;
     if constexpr (is_host_space_v<Exec> && sizeof(typename Ctx::Scalar) >= 4) {
       if (!s.empty() && !f.empty() && exps(f).data != nullptr) {
@@ -225,6 +274,33 @@ class FusedStrategy {
                    TargetProbSums<typename Ctx::Scalar, T, memory_space, Ctx::capped>(c.args, ws.recs()));
     }
     if (!f.empty()) c.finalize(f.r0, f.r1, exps(f));
+  }
+
+  std::int64_t threads() const { return std::max<std::int64_t>(1, c.core.exec.concurrency()); }
+
+  /// A chained call (one rank): the head's loss/gradient, then the other rows in one launch (ChainedRows),
+  /// then their checks, on the records as they are (one rank's are the merged ones): at a bad row every
+  /// output written becomes NaN, as at a bad row of a later block in the pipeline.
+  void chain(std::int64_t h0) const {
+    const std::int64_t n = c.n_rows;
+    c.finalize(0, h0, exps({0, 0, h0}));
+    if (h0 >= n) return;
+    if constexpr (is_host_space_v<Exec>) {
+      const RowPtr<T> scratch{ws.exp_scratch.data(), std::int64_t(ws.exp_scratch.stride(0)), 0};
+      c.with_finalize(scratch, paired_store, [&](const auto& fin) {
+        using Fin = std::decay_t<decltype(fin)>;
+        if constexpr (Fin::piecewise) {
+          ScopedRegion region("vpce::stats_loss_grad");
+          const std::int64_t chunks = std::min(threads(), n - h0);
+          const ChainedRows<T, Stats, Fin> rows{
+              Stats(c.args, ws.recs(), scratch, ws.chunk_max), fin, scratch.data, scratch.ld, h0, n, chunks, c.args.n};
+          impl::for_rows("vpce::chained_rows", c.core.exec, 0, chunks, rows, /*use_teams=*/false);
+        } else {
+          throw Error("internal error: a chained call without stored exps");
+        }
+      });
+    }
+    c.check(h0, n, /*written_rows=*/n);
   }
 
   /// The head block's all-reduce: head_rows records (this rank's statistics of its rows, the merge's identity
@@ -259,6 +335,7 @@ class FusedStrategy {
   const Workspace<T, memory_space>& ws;
   const bool store_exps;
   const std::int64_t block_rows;
+  const bool chained;  ///< fused_chains
   const Store paired_store;
 };
 

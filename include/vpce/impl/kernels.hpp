@@ -706,6 +706,12 @@ class LocalStats {
   LocalStats(const KernelArgs<S, T, MemSpace>& args, const Records<T, MemSpace>& out, const RowPtr<T>& exps,
              const chunk_max_view<T, MemSpace>& chunk_max)
       : m_a(args), m_out(out), m_exps(exps), m_chunk_max(chunk_max) {}
+  /// The same statistics, the exps stored at exps.row(i) instead.
+  KOKKOS_INLINE_FUNCTION LocalStats with_exps(const RowPtr<T>& exps) const {
+    LocalStats s = *this;
+    s.m_exps = exps;
+    return s;
+  }
 
   template <class Inner>
   KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t i) const {
@@ -945,6 +951,12 @@ class Finalize {
            const Kokkos::View<T*, MemSpace>& stash_target, const StoredExps<T, MemSpace>& stored, Store store)
       : m_a(args), m_stats(stats), m_out(out), m_y(y), m_g(g), m_stash_target(stash_target), m_stored(stored),
         m_store(store) {}
+  /// The same rows, their stored exps read at exps.row(i) instead.
+  KOKKOS_INLINE_FUNCTION Finalize with_exps(const RowPtr<const T>& exps) const {
+    Finalize f = *this;
+    f.m_stored.exps = exps;
+    return f;
+  }
 
   /// Whether the gradient (or stash) of a row can be written piecewise, in step with another kernel
   /// (begin, write, end): from stored exps.
