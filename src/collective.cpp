@@ -19,10 +19,39 @@ MPI_User_function* merge_op_for(RecordLayout l) {
   return l.entropy ? &merge_op<T, false, true> : &merge_op<T, false, false>;
 }
 constexpr std::int64_t max_count = INT_MAX / 4;
+constexpr int exchange_tag = 0x7ce5;  // on vpce's own duplicate of the communicator
+
+void wait_all(std::vector<MPI_Request>* pending) {
+  if (pending->empty()) return;
+  VPCE_MPI_CHECK(MPI_Waitall(static_cast<int>(pending->size()), pending->data(), MPI_STATUSES_IGNORE));
+  pending->clear();
+}
 }  // namespace
 
 template <class T>
-StatsReduction<T>::StatsReduction(RecordLayout layout) : m_layout(layout) {
+void StartedReduction<T>::finish() {
+  wait_all(&m_requests);
+  if (m_received.empty()) return;
+  // Every rank's records merged in rank order (the same bits on every rank): rank 0's, then 1's into them...
+  const std::int64_t values = m_count * m_layout.width();
+  auto of_rank = [&](int r) -> const T* {
+    if (r == m_rank) return m_records;
+    return m_received.data() + std::int64_t(r < m_rank ? r : r - 1) * values;
+  };
+  std::vector<T> merged(of_rank(0), of_rank(0) + values);
+  for (int r = 1; r < m_ranks; ++r) {
+    for (std::int64_t done = 0; done < m_count; done += max_count) {
+      const auto off = done * m_layout.width();
+      merge_records(of_rank(r) + off, merged.data() + off, int(std::min(max_count, m_count - done)), m_layout);
+    }
+  }
+  std::copy(merged.begin(), merged.end(), m_records);
+  m_received.clear();
+}
+
+template <class T>
+StatsReduction<T>::StatsReduction(RecordLayout layout, int exchange_ranks)
+    : m_layout(layout), m_exchange_ranks(exchange_ranks) {
   VPCE_MPI_CHECK(MPI_Type_contiguous(layout.width(), mpi_datatype<T>(), &m_type));
   VPCE_MPI_CHECK(MPI_Type_commit(&m_type));
   VPCE_MPI_CHECK(MPI_Op_create(merge_op_for<T>(layout), /*commute=*/1, &m_op));
@@ -39,27 +68,42 @@ StatsReduction<T>::~StatsReduction() {
 
 template <class T>
 void StatsReduction<T>::allreduce(T* records, std::int64_t count, MPI_Comm comm) const {
-  // Through start(): every block of a call, blocking or not, goes through the same MPI collective (and so
-  // the same merge order across ranks).
-  std::vector<MPI_Request> pending;
-  start(records, count, comm, &pending);
-  wait_all(&pending);
+  // Through start(): every block of a call, blocking or not, goes through the same mechanism (and so the
+  // same merge order across ranks).
+  start(records, count, comm).finish();
 }
 
 template <class T>
-void StatsReduction<T>::start(T* records, std::int64_t count, MPI_Comm comm,
-                              std::vector<MPI_Request>* pending) const {
+StartedReduction<T> StatsReduction<T>::start(T* records, std::int64_t count, MPI_Comm comm) const {
+  StartedReduction<T> s;
+  s.m_records = records;
+  s.m_count = count;
+  s.m_layout = m_layout;
+  VPCE_MPI_CHECK(MPI_Comm_rank(comm, &s.m_rank));
+  VPCE_MPI_CHECK(MPI_Comm_size(comm, &s.m_ranks));
+  if (s.m_ranks == 1 || count == 0) return s;
+  const std::int64_t w = m_layout.width();
+  if (s.m_ranks <= m_exchange_ranks) {
+    s.m_received.resize(std::size_t(s.m_ranks - 1) * std::size_t(count * w));
+    for (int r = 0, slot = 0; r < s.m_ranks; ++r) {
+      if (r == s.m_rank) continue;
+      T* in = s.m_received.data() + std::int64_t(slot++) * count * w;
+      for (std::int64_t done = 0; done < count; done += max_count) {
+        const int n = static_cast<int>(std::min(max_count, count - done));
+        s.m_requests.push_back(MPI_REQUEST_NULL);
+        VPCE_MPI_CHECK(MPI_Irecv(in + done * w, n, m_type, r, exchange_tag, comm, &s.m_requests.back()));
+        s.m_requests.push_back(MPI_REQUEST_NULL);
+        VPCE_MPI_CHECK(MPI_Isend(records + done * w, n, m_type, r, exchange_tag, comm, &s.m_requests.back()));
+      }
+    }
+    return s;
+  }
   for (std::int64_t done = 0; done < count; done += max_count) {
     const int n = static_cast<int>(std::min(max_count, count - done));
-    pending->push_back(MPI_REQUEST_NULL);
-    VPCE_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, records + done * m_layout.width(), n, m_type, m_op, comm, &pending->back()));
+    s.m_requests.push_back(MPI_REQUEST_NULL);
+    VPCE_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, records + done * w, n, m_type, m_op, comm, &s.m_requests.back()));
   }
-}
-
-void wait_all(std::vector<MPI_Request>* pending) {
-  if (pending->empty()) return;
-  VPCE_MPI_CHECK(MPI_Waitall(static_cast<int>(pending->size()), pending->data(), MPI_STATUSES_IGNORE));
-  pending->clear();
+  return s;
 }
 
 template <class T>
@@ -70,6 +114,8 @@ void allreduce_builtin(T* data, std::int64_t count, MPI_Op op, MPI_Comm comm) {
   }
 }
 
+template class StartedReduction<float>;
+template class StartedReduction<double>;
 template class StatsReduction<float>;
 template class StatsReduction<double>;
 template void allreduce_builtin<float>(float*, std::int64_t, MPI_Op, MPI_Comm);

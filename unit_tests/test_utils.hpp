@@ -76,6 +76,14 @@ inline int world_size() {
   return s;
 }
 
+/// MPI calls of one all-reduce of records (vpce::impl::StatsReduction) on MPI_COMM_WORLD: none on one rank, an
+/// MPI_Irecv and an MPI_Isend per other rank where the ranks exchange their records, else one MPI_Iallreduce.
+inline long record_reduction_calls() {
+  const int p = world_size();
+  if (p == 1) return 0;
+  return p <= vpce::impl::StatsReduction<float>::default_exchange_ranks ? 2 * (p - 1) : 1;
+}
+
 /// True on every rank iff `ok` is true on every rank.
 inline bool all_ranks(bool ok) {
   int in = ok ? 1 : 0, out = 0;

@@ -76,7 +76,7 @@ struct Options {
   /// by N. Each row of q must be >= 0 and sum to 1 (within 1e-4; 1e-2 for bfloat16, 2e-3 for float16), else
   /// vpce::Error on every rank. Each record grows by two values (sum q, sum w q).
   bool probability_targets = false;
-  /// Rows per block in the fused strategy. A block's all-reduce (MPI_Iallreduce) is in flight while the
+  /// Rows per block in the fused strategy. A block's all-reduce (non-blocking) is in flight while the
   /// next block's statistics run; then its loss/gradient is written in the same launch as the statistics of
   /// the block after, while that one's all-reduce is in flight: three blocks are live at a time, and a block's
   /// exps are still in cache when its gradient is written. 0: chosen from the slice width so that a thread's

@@ -100,17 +100,17 @@ void allreduce(const ExecSpace& exec, const Part& part, MPI_Op op, MPI_Comm comm
 template <class Part>
 class PendingReduction {
  public:
-  PendingReduction(const Part& part, std::vector<MPI_Request> requests)
-      : m_part(part), m_requests(std::move(requests)) {}
+  using T = typename decltype(Part::mpi)::non_const_value_type;
+  PendingReduction(const Part& part, StartedReduction<T> started) : m_part(part), m_started(std::move(started)) {}
   template <class ExecSpace>
   void finish(const ExecSpace& exec) {
-    wait_all(&m_requests);
+    m_started.finish();
     m_part.from_mpi(exec);
   }
 
  private:
   Part m_part;
-  std::vector<MPI_Request> m_requests;
+  StartedReduction<T> m_started;
 };
 
 /// Starts the in-place all-reduce of a staged part of records with the records' merge (StatsReduction):
@@ -123,9 +123,7 @@ PendingReduction<Part> start_allreduce(const ExecSpace& exec, const Part& part, 
       "the records' merge runs on the host: stage them with MpiOp::host_function");
   part.to_mpi(exec);
   fence(exec, "vpce::before_allreduce");
-  std::vector<MPI_Request> requests;
-  op.start(part.mpi.data(), std::int64_t(part.mpi.extent(0)) / op.width(), comm, &requests);
-  return PendingReduction<Part>(part, std::move(requests));
+  return PendingReduction<Part>(part, op.start(part.mpi.data(), std::int64_t(part.mpi.extent(0)) / op.width(), comm));
 }
 
 /// The same, completed before it returns.
