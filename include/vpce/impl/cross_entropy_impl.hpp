@@ -96,11 +96,13 @@ CrossEntropyCore<Scalar, ExecSpace>::CrossEntropyCore(const Communicator& comm_,
     err = "the partition was made for rank " + std::to_string(part.rank()) + " but this is rank " +
           std::to_string(comm.rank());
   }
-  // Rows per block: a thread's share of a block should fit in its cache. The fused strategy makes one
-  // collective per block, so every rank must use the same value: the smallest wins.
+  // Rows per block: a thread's share of a block should fit in its cache. What stays there is the block's
+  // exps, in the compute type: 16-bit logits take half the rows of float's (perf_tests/NOTES.md, issue 12,
+  // ninth round). The fused strategy
+  // makes one collective per block, so every rank must use the same value: the smallest wins.
   std::int64_t rows = opt.block_rows;
   if (rows == 0) {
-    const std::int64_t row_bytes = std::max<std::int64_t>(1, part.local_size()) * std::int64_t(sizeof(Scalar));
+    const std::int64_t row_bytes = std::max<std::int64_t>(1, part.local_size()) * std::int64_t(sizeof(T));
     const std::int64_t per_thread = std::max<std::int64_t>(1, opt.block_bytes_per_thread / row_bytes);
     rows = is_host_space_v<ExecSpace> ? per_thread * std::max(1, int(exec.concurrency())) : (1 << 30);
     if (part.local_size() == 0) rows = std::int64_t(1) << 40;  // no data here: let the others decide

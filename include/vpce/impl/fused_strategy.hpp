@@ -13,13 +13,12 @@
 /// On the host (and without the softcap, for calls that write a gradient or a stash) the statistics store
 /// exp(x - m) in a scratch of three blocks (block k in slot k % 3), which stays in cache, and Finalize
 /// rescales them: one exp per element, one read of the logits, the caller's rows only written, once, with
-/// streaming stores, also for a 16-bit gradient and in place. For logits of 4 bytes or more, in the launch
-/// that holds both, each thread writes a gradient row in step with the statistics row it reads
-/// (StatsWithGradient): the read stream and the write stream then overlap, which two launches one after the
-/// other did not (perf_tests/NOTES.md, issue 12, fifth round). On one rank (and the host, the exps kept) no
-/// collective makes a block wait: after the head, the rows run chained in one launch (ChainedRows). A device stores no
-/// exps: its statistics read each row once and Finalize recomputes the exps from the logits (2 reads + 1 write of N x
-/// V_local in all).
+/// streaming stores, also for a 16-bit gradient and in place. In the launch that holds both, each thread writes a
+/// gradient row in step with the statistics row it reads (StatsWithGradient): the read stream and the write stream then
+/// overlap, which two launches one after the other did not (perf_tests/NOTES.md, issue 12, fifth round). On one rank
+/// (and the host, the exps kept) no collective makes a block wait: after the head, the rows run chained in one launch
+/// (ChainedRows). A device stores no exps: its statistics read each row once and Finalize recomputes the exps from the
+/// logits (2 reads + 1 write of N x V_local in all).
 
 #include <algorithm>
 #include <cstdint>
@@ -151,7 +150,7 @@ class FusedStrategy {
         store_exps(fused_stores_exps(c.what, Ctx::capped, c.core.use_teams(), c.core.opt.probability_targets)),
         block_rows(rows_per_block(c)),
         chained(fused_chains(c.core.comm.size(), is_host_space_v<Exec>, store_exps)),
-        paired_store(paired_store_for(c, chained ? threads() : block_rows)) {}
+        grad_store(grad_store_for(c, chained ? threads() : block_rows)) {}
 
   void run() {
     const std::int64_t n = c.n_rows;
@@ -216,13 +215,15 @@ class FusedStrategy {
   /// writes were, and the exps of three -- fits in its L2: those rows' lines are then still in L2, a plain
   /// store needs no read from memory, and a streaming store to a line in cache was slower (fp32 in place,
   /// 1 rank x 2 threads: 45.7 -> 37.1 ms with the default blocks, 0.92x the copy; with blocks twice as
-  /// large, over the L2, streaming stores 3% faster; perf_tests/NOTES.md, issue 12, seventh round). Else the
-  /// core's choice (streaming stores on the host).
-  static Store paired_store_for(const Ctx& c, std::int64_t block_rows) {
+  /// large, over the L2, streaming stores 3% faster; perf_tests/NOTES.md, issue 12, seventh round; bfloat16
+  /// in place at 2 ranks x 1 thread 1.60 -> 1.44x its copy), except for float16 logits, whose in-place call
+  /// was 14% slower with plain stores there (not explained; ninth round). Else the core's choice (streaming
+  /// stores on the host).
+  static Store grad_store_for(const Ctx& c, std::int64_t block_rows) {
     const Store core = c.core.template store<std::remove_pointer_t<decltype(c.y.data)>>();
     const bool in_place =
         static_cast<const void*>(c.y.data) == static_cast<const void*>(c.args.x) && c.y.ld == c.args.ld_x;
-    if (core == Store::plain || !in_place) return core;
+    if (core == Store::plain || !in_place || std::is_same_v<typename Ctx::Scalar, float16>) return core;
     const std::int64_t threads = std::max<std::int64_t>(1, c.core.exec.concurrency());
     const std::int64_t rows = (std::min(block_rows, c.n_rows) + threads - 1) / threads;
     const std::int64_t bytes_per_column = 2 * std::int64_t(sizeof(typename Ctx::Scalar)) + 3 * std::int64_t(sizeof(T));
@@ -245,14 +246,15 @@ class FusedStrategy {
   }
 
   /// The local records of block s, and the loss/gradient of block f (its records merged and checked): in one
-  /// launch where f's exps are stored and the logits have 4 bytes or more (StatsWithGradient), else one
-  /// launch after the other. With 16-bit logits the statistics are bound by the exps, not by the read, and
-  /// in step with the gradient they were slower (bfloat16 `loss_and_grad` +14%, perf_tests/NOTES.md).
+  /// launch where f's exps are stored on the host (StatsWithGradient), else one launch after the other. (For
+  /// 16-bit logits the two launches were kept until the blocks were sized by their exps: in step, bfloat16
+  /// `loss_and_grad` at 2 ranks x 1 thread 1.53 -> 1.42x its copy, in place 1.52 -> 1.44x;
+  /// perf_tests/NOTES.md, issue 12, ninth round.)
   void launch(const Block& s, const Block& f) const {
     bool paired = false;
-    if constexpr (is_host_space_v<Exec> && sizeof(typename Ctx::Scalar) >= 4) {
+    if constexpr (is_host_space_v<Exec>) {
       if (!s.empty() && !f.empty() && exps(f).data != nullptr) {
-        c.with_finalize(exps(f), paired_store, [&](const auto& fin) {
+        c.with_finalize(exps(f), grad_store, [&](const auto& fin) {
           using Fin = std::decay_t<decltype(fin)>;
           if constexpr (Fin::piecewise) {
             ScopedRegion region("vpce::stats_loss_grad");
@@ -287,7 +289,7 @@ class FusedStrategy {
     if (h0 >= n) return;
     if constexpr (is_host_space_v<Exec>) {
       const RowPtr<T> scratch{ws.exp_scratch.data(), std::int64_t(ws.exp_scratch.stride(0)), 0};
-      c.with_finalize(scratch, paired_store, [&](const auto& fin) {
+      c.with_finalize(scratch, grad_store, [&](const auto& fin) {
         using Fin = std::decay_t<decltype(fin)>;
         if constexpr (Fin::piecewise) {
           ScopedRegion region("vpce::stats_loss_grad");
@@ -336,7 +338,7 @@ class FusedStrategy {
   const bool store_exps;
   const std::int64_t block_rows;
   const bool chained;  ///< fused_chains
-  const Store paired_store;
+  const Store grad_store;
 };
 
 }  // namespace vpce::impl
