@@ -98,8 +98,8 @@ CrossEntropyCore<Scalar, ExecSpace>::CrossEntropyCore(const Communicator& comm_,
   }
   // Rows per block: a thread's share of a block should fit in its cache. What stays there is the block's
   // exps, in the compute type: 16-bit logits take half the rows of float's (perf_tests/NOTES.md, issue 12,
-  // ninth round). The fused strategy
-  // makes one collective per block, so every rank must use the same value: the smallest wins.
+  // ninth round). The fused strategy makes one collective per block, so every rank must use the same value:
+  // the smallest wins.
   std::int64_t rows = opt.block_rows;
   if (rows == 0) {
     const std::int64_t row_bytes = std::max<std::int64_t>(1, part.local_size()) * std::int64_t(sizeof(T));
