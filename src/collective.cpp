@@ -34,18 +34,18 @@ void StartedReduction<T>::finish() {
   if (m_received.empty()) return;
   // Every rank's records merged in rank order (the same bits on every rank): rank 0's, then 1's into them...
   const std::int64_t values = m_count * m_layout.width();
-  auto of_rank = [&](int r) -> const T* {
+  auto of_rank = [&](int r) -> T* {
     if (r == m_rank) return m_records;
     return m_received.data() + std::int64_t(r < m_rank ? r : r - 1) * values;
   };
-  std::vector<T> merged(of_rank(0), of_rank(0) + values);
+  T* const merged = of_rank(0);  // rank 0's records, merged into where they are
   for (int r = 1; r < m_ranks; ++r) {
     for (std::int64_t done = 0; done < m_count; done += max_count) {
       const auto off = done * m_layout.width();
-      merge_records(of_rank(r) + off, merged.data() + off, int(std::min(max_count, m_count - done)), m_layout);
+      merge_records(of_rank(r) + off, merged + off, int(std::min(max_count, m_count - done)), m_layout);
     }
   }
-  std::copy(merged.begin(), merged.end(), m_records);
+  if (merged != m_records) std::copy(merged, merged + values, m_records);
   m_received.clear();
 }
 

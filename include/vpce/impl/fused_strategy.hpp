@@ -251,23 +251,15 @@ class FusedStrategy {
   /// `loss_and_grad` at 2 ranks x 1 thread 1.53 -> 1.42x its copy, in place 1.52 -> 1.44x;
   /// perf_tests/NOTES.md, issue 12, ninth round.)
   void launch(const Block& s, const Block& f) const {
-    bool paired = false;
     if constexpr (is_host_space_v<Exec>) {
-      if (!s.empty() && !f.empty() && exps(f).data != nullptr) {
-        c.with_finalize(exps(f), grad_store, [&](const auto& fin) {
-          using Fin = std::decay_t<decltype(fin)>;
-          if constexpr (Fin::piecewise) {
-            ScopedRegion region("vpce::stats_loss_grad");
-            const StatsWithGradient<Stats, Fin> both{
+      if (!s.empty() && !f.empty() && exps(f).data != nullptr && with_piecewise_finalize(exps(f), [&](const auto& fin) {
+            const StatsWithGradient<Stats, std::decay_t<decltype(fin)>> both{
                 Stats(c.args, ws.recs(), exps(s), ws.chunk_max), fin, s.r0, s.r1 - s.r0, f.r0, f.r1 - f.r0, c.args.n};
             impl::for_rows("vpce::stats_loss_grad", c.core.exec, 0, std::max(s.r1 - s.r0, f.r1 - f.r0), both,
                            /*use_teams=*/false);
-            paired = true;
-          }
-        });
-      }
+          }))
+        return;
     }
-    if (paired) return;
     if (!s.empty()) {
       ScopedRegion region("vpce::stats");
       c.for_rows("vpce::local_stats", s.r0, s.r1, Stats(c.args, ws.recs(), exps(s), ws.chunk_max));
@@ -276,6 +268,22 @@ class FusedStrategy {
                    TargetProbSums<typename Ctx::Scalar, T, memory_space, Ctx::capped>(c.args, ws.recs()));
     }
     if (!f.empty()) c.finalize(f.r0, f.r1, exps(f));
+  }
+
+  /// run(fin) with the call's Finalize functor over the exps at `e`, where that functor writes a row in
+  /// pieces (Fin::piecewise: exps stored on the host), so that a launch can run it in step with statistics;
+  /// in the region "vpce::stats_loss_grad". False (nothing run) where it does not.
+  template <class Run>
+  bool with_piecewise_finalize(const RowPtr<T>& e, const Run& run) const {
+    bool ran = false;
+    c.with_finalize(e, grad_store, [&](const auto& fin) {
+      if constexpr (std::decay_t<decltype(fin)>::piecewise) {
+        ScopedRegion region("vpce::stats_loss_grad");
+        run(fin);
+        ran = true;
+      }
+    });
+    return ran;
   }
 
   std::int64_t threads() const { return std::max<std::int64_t>(1, c.core.exec.concurrency()); }
@@ -289,18 +297,13 @@ class FusedStrategy {
     if (h0 >= n) return;
     if constexpr (is_host_space_v<Exec>) {
       const RowPtr<T> scratch{ws.exp_scratch.data(), std::int64_t(ws.exp_scratch.stride(0)), 0};
-      c.with_finalize(scratch, grad_store, [&](const auto& fin) {
-        using Fin = std::decay_t<decltype(fin)>;
-        if constexpr (Fin::piecewise) {
-          ScopedRegion region("vpce::stats_loss_grad");
-          const std::int64_t chunks = std::min(threads(), n - h0);
-          const ChainedRows<T, Stats, Fin> rows{
-              Stats(c.args, ws.recs(), scratch, ws.chunk_max), fin, scratch.data, scratch.ld, h0, n, chunks, c.args.n};
-          impl::for_rows("vpce::chained_rows", c.core.exec, 0, chunks, rows, /*use_teams=*/false);
-        } else {
-          throw Error("internal error: a chained call without stored exps");
-        }
+      const bool chained = with_piecewise_finalize(scratch, [&](const auto& fin) {
+        const std::int64_t chunks = std::min(threads(), n - h0);
+        const ChainedRows<T, Stats, std::decay_t<decltype(fin)>> rows{
+            Stats(c.args, ws.recs(), scratch, ws.chunk_max), fin, scratch.data, scratch.ld, h0, n, chunks, c.args.n};
+        impl::for_rows("vpce::chained_rows", c.core.exec, 0, chunks, rows, /*use_teams=*/false);
       });
+      if (!chained) throw Error("internal error: a chained call without stored exps");
     }
     c.check(h0, n, /*written_rows=*/n);
   }
