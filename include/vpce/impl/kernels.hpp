@@ -280,8 +280,9 @@ struct HostInner {
       const std::int64_t lines_end = head + (n - head) / lanes * lanes;
       for (std::int64_t j = head; j < lines_end; j += lanes) {
         ahead.at(j, lanes);
-        form(j);
-        stream_line(y + j, line);
+        alignas(64) G one[lanes];  // a line of its own: GCC keeps it in registers (it stored `line` each time)
+        round_line(one, v, j);
+        stream_line<!is_16bit_v<G>>(y + j, one);
       }
       if (lines_end < n) {
         form(n - lanes);

@@ -42,13 +42,25 @@ inline constexpr bool have_streaming_stores = VPCE_HAVE_STREAMING_STORES != 0;
 
 /// Writes the 64-byte line at dst (64-byte aligned) from src (any alignment) with streaming stores where the
 /// CPU has them, else a plain copy. Weakly ordered: stream_fence() before other threads may read the line.
-/// With AVX (AVX-512 too) src is read and written in 32-byte halves: the callers form src in a buffer just
-/// before, and GCC stores it in 256-bit halves also on AVX-512 CPUs (its default -mprefer-vector-width=256
-/// there); a 64-byte load of two 32-byte stores cannot be forwarded from them and stalls (measured: 52% of
-/// the bfloat16 Finalize's samples on that load, AVX-512 Xeon). The two streaming stores fill one line of the
-/// write-combining buffer, as one 64-byte store would.
+/// `Whole`: src was just formed in ONE 512-bit register where the CPU has AVX-512 (a line of 4- or 8-byte
+/// values: GCC keeps it there, also at -mprefer-vector-width=256, and never stores it to src: checked in the
+/// object code of x86-64-v4 and -march=native builds), written by one 512-bit streaming store: fp32
+/// `loss_and_grad` at 1 rank x 2 threads 41.3 -> 38.9 ms on an AMD EPYC (Zen 4), whose 512-bit stores
+/// take two cycles (perf_tests/NOTES.md, issue 12, tenth round). Otherwise, with AVX, src is read and written
+/// in 32-byte halves: a 16-bit line is formed in 256-bit halves (round_line_hw's conversions, and GCC's
+/// stores at its default -mprefer-vector-width=256 on AVX-512 CPUs), and a 64-byte load of two 32-byte
+/// stores cannot be forwarded from them and stalls (measured: 52% of the bfloat16 Finalize's samples on that
+/// load, AVX-512 Xeon). The two streaming stores fill one line of the write-combining buffer, as one 64-byte
+/// store would.
+template <bool Whole = false>
 KOKKOS_FORCEINLINE_FUNCTION void stream_line(void* dst, const void* src) {
 #if VPCE_HAVE_STREAMING_STORES
+#if defined(__AVX512F__)
+  if constexpr (Whole) {
+    _mm512_stream_si512(static_cast<__m512i*>(dst), _mm512_loadu_si512(src));
+    return;
+  }
+#endif
 #if defined(__AVX__)
   for (int k = 0; k < 2; ++k)
     _mm256_stream_si256(static_cast<__m256i*>(dst) + k, _mm256_loadu_si256(static_cast<const __m256i*>(src) + k));
