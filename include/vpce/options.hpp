@@ -81,9 +81,9 @@ struct Options {
   /// the block after, while that one's all-reduce is in flight: three blocks are live at a time, and a block's
   /// exps are still in cache when its gradient is written. 0: chosen from the slice width so that a thread's
   /// share of a block's exps (in the compute type: float for 16-bit logits) is about `block_bytes_per_thread`
-  /// (by default an eighth of a core's L2 cache), and 256x
-  /// that for calls that keep no exps (the loss only, the softcap, probability targets), whose blocks hold
-  /// nothing in cache: there each block only costs a launch and a collective.
+  /// (by default an eighth of a core's L2 cache), and 256x that for calls that keep no exps (the loss only,
+  /// the softcap, probability targets), whose blocks hold nothing in cache: there each block only costs a
+  /// launch and a collective.
   std::int64_t block_rows = 0;
   std::int64_t block_bytes_per_thread = default_block_bytes_per_thread();
   /// Run the device form of the kernels (a team per row) on a host execution space too. For testing the
