@@ -252,13 +252,13 @@ class FusedStrategy {
   /// perf_tests/NOTES.md, issue 12, ninth round.)
   void launch(const Block& s, const Block& f) const {
     if constexpr (is_host_space_v<Exec>) {
-      if (!s.empty() && !f.empty() && exps(f).data != nullptr && with_piecewise_finalize(exps(f), [&](const auto& fin) {
-            const StatsWithGradient<Stats, std::decay_t<decltype(fin)>> both{
-                Stats(c.args, ws.recs(), exps(s), ws.chunk_max), fin, s.r0, s.r1 - s.r0, f.r0, f.r1 - f.r0, c.args.n};
-            impl::for_rows("vpce::stats_loss_grad", c.core.exec, 0, std::max(s.r1 - s.r0, f.r1 - f.r0), both,
-                           /*use_teams=*/false);
-          }))
-        return;
+      auto in_step = [&](const auto& fin) {
+        const StatsWithGradient<Stats, std::decay_t<decltype(fin)>> both{
+            Stats(c.args, ws.recs(), exps(s), ws.chunk_max), fin, s.r0, s.r1 - s.r0, f.r0, f.r1 - f.r0, c.args.n};
+        impl::for_rows("vpce::stats_loss_grad", c.core.exec, 0, std::max(s.r1 - s.r0, f.r1 - f.r0), both,
+                       /*use_teams=*/false);
+      };
+      if (!s.empty() && !f.empty() && exps(f).data != nullptr && with_piecewise_finalize(exps(f), in_step)) return;
     }
     if (!s.empty()) {
       ScopedRegion region("vpce::stats");
