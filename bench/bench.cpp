@@ -122,6 +122,7 @@ std::vector<Record> run_typed(const Communicator& comm, const Config& cfg) {
     r.ms_median = t.median_ms;
     r.ms_min = t.min_ms;
     r.collective_ms = t.region_ms;
+    r.collective_min_ms = t.region_min_ms;
     r.bytes = bytes;
     r.gbps = bytes / (t.median_ms * 1e6);
     recs.push_back(r);
@@ -293,22 +294,25 @@ Timing time_op(const Communicator& comm, int reps, const std::function<void()>& 
   const RegionTimer timer(region);
   op();
   Kokkos::fence();
-  std::vector<double> ms, in_region;
+  std::vector<double> ms, in_region, in_region_min;
   for (int r = 0; r < reps; ++r) {
     MPI_Barrier(comm.comm());
     g_region_s = 0;
     const double t0 = MPI_Wtime();
     op();
     Kokkos::fence();
-    double mine[2] = {(MPI_Wtime() - t0) * 1e3, g_region_s * 1e3}, worst[2];
-    MPI_Allreduce(mine, worst, 2, MPI_DOUBLE, MPI_MAX, comm.comm());
+    // The max of the time and the region time, and the min of the region time (as a max of its negative).
+    double mine[3] = {(MPI_Wtime() - t0) * 1e3, g_region_s * 1e3, -g_region_s * 1e3}, worst[3];
+    MPI_Allreduce(mine, worst, 3, MPI_DOUBLE, MPI_MAX, comm.comm());
     ms.push_back(worst[0]);
     in_region.push_back(worst[1]);
+    in_region_min.push_back(-worst[2]);
   }
   Timing t;
   t.median_ms = median(ms);
   t.min_ms = *std::min_element(ms.begin(), ms.end());
   t.region_ms = timer.active ? median(in_region) : -1;
+  t.region_min_ms = timer.active ? median(in_region_min) : -1;
   return t;
 }
 
@@ -339,7 +343,10 @@ std::string to_json(const std::vector<Record>& records) {
     j.add("vocab_local", r.vocab_local).add("dtype", r.dtype).add("ms_median", r.ms_median).add("ms_min", r.ms_min);
     j.add("bytes", r.bytes).add("gbps", r.gbps).add("ratio_to_copy", r.ratio_to_copy);
     j.add("ratio_to_stream", r.ratio_to_stream).add("ratio_to_read", r.ratio_to_read);
-    j.add("collective_ms", r.collective_ms).add("backend", Exec::name()).add("kokkos_version", KOKKOS_VERSION);
+    j.add("collective_ms", r.collective_ms)
+        .add("collective_min_ms", r.collective_min_ms)
+        .add("backend", Exec::name())
+        .add("kokkos_version", KOKKOS_VERSION);
     j.add("vpce_version", VPCE_VERSION_STRING);
     os << "  " << j.str() << (k + 1 < records.size() ? "," : "") << "\n";
   }

@@ -45,6 +45,7 @@ struct Record {
   double ratio_to_stream = 0;  ///< ms_median / the streaming-store copy's ms_median
   double ratio_to_read = 0;    ///< ms_median / the read-only pass's ms_median
   double collective_ms = 0;    ///< median (slowest rank) time in vpce's collective regions; -1: not measured
+  double collective_min_ms = 0;  ///< the same for the rank with the least (Timing::region_min_ms)
 };
 
 /// Collective: runs the benchmark; every rank returns the same records.
@@ -62,6 +63,8 @@ struct Timing {
   double min_ms = 0;      ///< the smallest of those
   double region_ms = -1;  ///< median over the repetitions of the slowest rank's time inside the Kokkos Tools regions
                           ///< named by time_op's `region`; -1: not measured (a Kokkos tool is loaded)
+  double region_min_ms = -1;  ///< the same for the rank with the least such time: where region_ms is much larger,
+                              ///< the ranks waited for each other (one ran slower), not for the collective itself
 };
 
 /// THE timing of the harness: calls `op` once (warm-up), then `reps` times, each between a barrier and a fence,
