@@ -291,8 +291,10 @@ void H5File::transfer_block(bool write, const std::string& name, const Block& b,
   // The same number of collective transfers on every rank, set by the largest share (max_row_count rows of
   // max_col_count columns), each at most io_block_bytes() on that rank; a rank whose rows are done (or that has
   // none, or no columns) takes part with nothing selected.
-  const std::int64_t row_bytes = std::max<std::int64_t>(1, b.max_col_count) * std::int64_t(sizeof(T));
-  const std::int64_t block = std::max<std::int64_t>(1, io_block_bytes() / row_bytes);
+  // Rows per transfer, as io_block_bytes() / (max_col_count * sizeof(T)) without forming that product, which
+  // overflows for a declared shape of 0 rows x ~2^60 columns (no size check stops it: it holds no element).
+  const std::int64_t block = std::max<std::int64_t>(
+      1, io_block_bytes() / std::int64_t(sizeof(T)) / std::max<std::int64_t>(1, b.max_col_count));
   T dummy{};
   for (std::int64_t k0 = 0; k0 < b.max_row_count; k0 += block) {
     const std::int64_t rows = std::max<std::int64_t>(0, std::min(block, b.row_count - k0));
