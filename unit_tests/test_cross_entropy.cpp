@@ -77,12 +77,11 @@ TYPED_TEST(CrossEntropyTest, LargerProblem) {
   this->check_strategies_and_kernels(part, p, {Path::fused_view, Path::forward_backward_scalar}, "V 4099");
 }
 
-// Rows whose max grows along the row by more than e^80 (the host kernels' running max then does a chunk again
-// in two passes): a jump inside the first chunk past its first 64 columns, a jump in a later chunk, rising and
-// falling ramps over rows of several 4096-column chunks per rank, host and team kernels, every path.
-TYPED_TEST(CrossEntropyTest, RowsWhoseMaxGrowsByMoreThanE80) {
-  using scalar = typename TestFixture::scalar;
-  const auto part = vpce::VocabPartition::even(3 * 4096 * this->comm.size() + 7, this->comm);
+/// Rows whose max grows along the row by more than e^80 (the host kernels' running max then does a chunk again
+/// in two passes): a jump inside the first chunk past its first 64 columns, a jump in a later chunk, rising and
+/// falling ramps, over rows of several 4096-column chunks per rank of `part`.
+template <class scalar>
+Problem rising_max_problem(const vpce::VocabPartition& part, int ranks) {
   Problem p = make_problem<scalar>(5, part.vocab_size(), 11);
   const std::int64_t v = p.v;
   for (std::int64_t j = 0; j < v; ++j) {
@@ -91,12 +90,58 @@ TYPED_TEST(CrossEntropyTest, RowsWhoseMaxGrowsByMoreThanE80) {
     p.at(1, j) = static_cast<scalar>(-200.0 + 400.0 * double(j) / double(v) + noise);
     p.at(3, j) = static_cast<scalar>(200.0 - 400.0 * double(j) / double(v) + noise);
   }
-  for (std::int64_t r = 0; r < this->comm.size(); ++r) {  // on every rank: column 100 and 5000 of its slice
-    const std::int64_t b = part.begin(int(r));
+  for (int r = 0; r < ranks; ++r) {  // on every rank: column 100 and 5000 of its slice
+    const std::int64_t b = part.begin(r);
     p.at(0, b + 100) = static_cast<scalar>(100.0 + double(r));
     p.at(0, b + 5000) = static_cast<scalar>(250.0 - double(r));
   }
+  return p;
+}
+
+// rising_max_problem() (so that a chunk is done again), host and team kernels, every path.
+TYPED_TEST(CrossEntropyTest, RowsWhoseMaxGrowsByMoreThanE80) {
+  using scalar = typename TestFixture::scalar;
+  const auto part = vpce::VocabPartition::even(3 * 4096 * this->comm.size() + 7, this->comm);
+  const Problem p = rising_max_problem<scalar>(part, this->comm.size());
   this->check_strategies_and_kernels(part, p, all_paths(), "rising max");
+}
+
+// In place (the gradient over the logits' own buffer) gives the same bits as out of place. In place over fp32
+// or fp64 logits the rows after the head keep each exp over the logit it comes from, and a chunk done again
+// takes its terms from the values stored: rising_max_problem()'s rows (chunks done again after their exps
+// were stored) over several chunks, blocks of one row (after the head: chained rows on one rank, pipelined
+// blocks on several) and the automatic ones, with options that change the gradient's terms (and the entropy
+// weight, whose gradient reads the logits: there the exps stay in the scratch).
+TYPED_TEST(CrossEntropyTest, InPlaceGivesTheSameBitsAsOutOfPlace) {
+  using scalar = typename TestFixture::scalar;
+  const auto part = vpce::VocabPartition::even(3 * 4096 * this->comm.size() + 7, this->comm);
+  const Problem p = rising_max_problem<scalar>(part, this->comm.size());
+  const auto in = make_local<TypeParam>(p, part);
+  std::vector<vpce::Options> opts(4);
+  opts[1].label_smoothing = 0.1;
+  opts[1].z_loss = 1e-4;
+  opts[2].logit_scale = 0.5;
+  opts[3].entropy_weight = 0.01;
+  for (std::int64_t block_bytes : {std::int64_t(4096), std::int64_t(0)}) {
+    for (vpce::Options opt : opts) {
+      if (block_bytes > 0) opt.block_bytes_per_thread = block_bytes;
+      SCOPED_TRACE(describe(opt));
+      typename TestFixture::cross_entropy ce(this->comm, part, opt);
+      const Outputs out = run_path<TypeParam>(ce, in, Path::fused_view);
+      const Outputs ip = run_path<TypeParam>(ce, in, Path::fused_in_place_view);
+      auto expect_same = [&](const std::vector<double>& a, const std::vector<double>& b, const char* what) {
+        ASSERT_EQ(a.size(), b.size()) << what;
+        std::size_t k = 0;
+        while (k < a.size() && a[k] == b[k]) ++k;
+        EXPECT_EQ(k, a.size()) << "rank " << world_rank() << ": " << what << " differs first at element " << k
+                               << " (row " << k / std::size_t(part.local_size()) << "): in place "
+                               << (k < a.size() ? a[k] : 0.0) << ", out of place " << (k < b.size() ? b[k] : 0.0);
+      };
+      expect_same(ip.loss, out.loss, "loss");
+      expect_same(ip.lse, out.lse, "lse");
+      expect_same(ip.grad, out.grad, "gradient");
+    }
+  }
 }
 
 // One token.

@@ -148,7 +148,8 @@ void from_stash(const T* q, const std::int64_t* targets, const T* stash_target, 
   }
 
 // The fused strategy's stored exps (statistics storing them in a scratch of T, finalize rescaling them) for
-// every storage type, and the stash (full precision only).
+// every storage type, and the stash (full precision only). Where S is T, the statistics' probe also compiles
+// the loops that store the exps over the logits (in place): y == x is decided at run time.
 #define VPCE_PROBES_STORED(NAME, S, T, G)                                                                         \
   VPCE_PROBE void vpce_probe_stats_store_##NAME(const S* x, const std::int64_t* t, Stats<T>* o, T* y, T* cm) {    \
     stats<S, T, false>(x, t, o, y, cm);                                                                           \

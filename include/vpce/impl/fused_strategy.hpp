@@ -17,8 +17,9 @@
 /// gradient row in step with the statistics row it reads (StatsWithGradient): the read stream and the write stream then
 /// overlap, which two launches one after the other did not (perf_tests/NOTES.md, issue 12, fifth round). On one rank
 /// (and the host, the exps kept) no collective makes a block wait: after the head, the rows run chained in one launch
-/// (ChainedRows). A device stores no exps: its statistics read each row once and Finalize recomputes the exps from the
-/// logits (2 reads + 1 write of N x V_local in all).
+/// (ChainedRows). In place over logits of the compute type, the rows after the head keep their exps in the
+/// logits' own rows instead (FusedStrategy::keeps_exps_in_logits). A device stores no exps: its statistics read each
+/// row once and Finalize recomputes the exps from the logits (2 reads + 1 write of N x V_local in all).
 
 #include <algorithm>
 #include <cstdint>
@@ -105,22 +106,24 @@ struct StatsWithGradient {
 /// On one rank, the rows after the head in ONE launch (no block waits for a collective): index c of `chunks`
 /// runs rows [r0 + (n - r0) c / chunks, r0 + (n - r0) (c + 1) / chunks) in order, row r's statistics in step
 /// with row r - 1's gradient (StatsWithGradient), their exps in two rows of the scratch of its own (row r's
-/// in rows[r % 2]). So every thread reads and writes its own rows without waiting for the other threads,
-/// which ~1000 launches of cache-sized blocks did at 1 rank x 2 threads: ~3 us each, 7-9% of
-/// `loss_and_grad` (perf_tests/NOTES.md, issue 12, ninth round).
+/// in rows[r % 2]), or in their own rows of the logits where `logits` is set. So every thread reads and writes its own
+/// rows without waiting for the other threads, which ~1000 launches of cache-sized blocks did at 1 rank x 2 threads: ~3
+/// us each, 7-9% of `loss_and_grad` (perf_tests/NOTES.md, issue 12, ninth round).
 template <class T, class Stats, class Fin>
 struct ChainedRows {
   Stats stats;
   Fin fin;
   T* scratch;
   std::int64_t ld, r0, n, chunks, cols;
+  RowPtr<T> logits;  ///< the logits' rows, where they keep the exps (FusedStrategy::keeps_exps_in_logits)
   template <class Inner>
   KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t c) const {
     const std::int64_t a = r0 + (n - r0) * c / chunks, b = r0 + (n - r0) * (c + 1) / chunks;  // a < b
     T* const rows[2] = {scratch + 2 * c * ld, scratch + (2 * c + 1) * ld};
+    auto exps = [&](std::int64_t r) { return logits.data != nullptr ? logits : RowPtr<T>{rows[r % 2], ld, r}; };
     for (std::int64_t r = a; r <= b; ++r) {  // r = b: row b - 1's gradient only
-      const StatsWithGradient<Stats, Fin> both{stats.with_exps({rows[r % 2], ld, r}),
-                                               fin.with_exps({rows[(r + 1) % 2], ld, r - 1}),
+      const StatsWithGradient<Stats, Fin> both{stats.with_exps(exps(r)),
+                                               fin.with_exps({exps(r - 1).data, exps(r - 1).ld, exps(r - 1).row0}),
                                                r,
                                                r < b ? 1 : 0,
                                                r - 1,
@@ -150,7 +153,8 @@ class FusedStrategy {
         store_exps(fused_stores_exps(c.what, Ctx::capped, c.core.use_teams(), c.core.opt.probability_targets)),
         block_rows(rows_per_block(c)),
         chained(fused_chains(c.core.comm.size(), is_host_space_v<Exec>, store_exps)),
-        grad_store(grad_store_for(c, chained ? threads() : block_rows)) {}
+        grad_store(grad_store_for(c, chained ? threads() : block_rows)),
+        logits_keep_exps(store_exps && keeps_exps_in_logits(c)) {}
 
   void run() {
     const std::int64_t n = c.n_rows;
@@ -177,7 +181,7 @@ class FusedStrategy {
       const std::int64_t r2 = block_end(r1);  // the next block is [r1, r2), empty after the last
       launch({block + 1, r1, r2}, due);
       finish_allreduce(*pending);
-      c.check(r0, r1, /*written_rows=*/r0);
+      c.check(r0, r1, /*written_rows=*/logits_keep_exps ? r2 : r0);  // rows [r0, r2) may hold exps
       if (r1 < n) pending = start_allreduce(r1, r2);
       due = {block, r0, r1};
       r0 = r1;
@@ -221,14 +225,40 @@ class FusedStrategy {
   /// stores on the host).
   static Store grad_store_for(const Ctx& c, std::int64_t block_rows) {
     const Store core = c.core.template store<std::remove_pointer_t<decltype(c.y.data)>>();
-    const bool in_place =
-        static_cast<const void*>(c.y.data) == static_cast<const void*>(c.args.x) && c.y.ld == c.args.ld_x;
-    if (core == Store::plain || !in_place || std::is_same_v<typename Ctx::Scalar, float16>) return core;
+    if (core == Store::plain || !in_place(c) || std::is_same_v<typename Ctx::Scalar, float16>) return core;
     const std::int64_t threads = std::max<std::int64_t>(1, c.core.exec.concurrency());
     const std::int64_t rows = (std::min(block_rows, c.n_rows) + threads - 1) / threads;
     const std::int64_t bytes_per_column = 2 * std::int64_t(sizeof(typename Ctx::Scalar)) + 3 * std::int64_t(sizeof(T));
     const std::int64_t l2 = l2_cache_bytes();
     return l2 > 0 && rows <= l2 / bytes_per_column / std::max<std::int64_t>(1, c.args.n) ? Store::plain : core;
+  }
+
+  /// Whether the gradient rows are the logits' own (the same buffer and stride).
+  static bool in_place(const Ctx& c) {
+    return static_cast<const void*>(c.y.data) == static_cast<const void*>(c.args.x) && c.y.ld == c.args.ld_x;
+  }
+
+  /// Whether the rows after the head keep their exps in the logits' own rows rather than the scratch: on the
+  /// host, in place over logits of the compute type (the exps' type), where neither the entropy (its sum needs
+  /// x - m beside each exp when a chunk is done again) nor the entropy weight (its gradient reads the logits)
+  /// is asked for. The statistics store each exp where they have just read its logit, and the gradient
+  /// where it reads the exp: lines already in L1 (a chunk done again reads its logits back from the values
+  /// stored: HostInner::online_stats). Fewer lines through the caches than a scratch beside the logits: fp32
+  /// in place, N 4096 x V_local 32768 on a Zen 4, -7 to -14% (-19% in cache; perf_tests/NOTES.md, issue 12,
+  /// fourteenth round). The head keeps its exps in the scratch: nothing the caller sees is written before the
+  /// status is known.
+  static bool keeps_exps_in_logits(const Ctx& c) {
+    using G = std::remove_pointer_t<decltype(c.y.data)>;
+    constexpr bool same_type = std::is_same_v<typename Ctx::Scalar, T> && std::is_same_v<G, T>;
+    return is_host_space_v<Exec> && same_type && c.what == Write::grad && in_place(c) && !c.args.p.entropy &&
+           c.args.p.beta == T(0);
+  }
+  /// The gradient's rows (the logits'), where they keep the exps of the rows after the head, else none.
+  RowPtr<T> logits_rows() const {
+    if constexpr (std::is_same_v<std::remove_pointer_t<decltype(c.y.data)>, T>) {
+      if (logits_keep_exps) return {c.y.data, c.y.ld, c.y.row0};
+    }
+    return {};
   }
 
   /// Block `index` of the call: rows [r0, r1).
@@ -237,9 +267,11 @@ class FusedStrategy {
     bool empty() const { return r1 <= r0; }
   };
 
-  /// Where block `block` (first row r0) keeps its exps: its slot of the scratch, or nowhere.
+  /// Where block `block` (first row r0) keeps its exps: its slot of the scratch, the logits' rows (after the
+  /// head, where logits_keep_exps), or nowhere.
   RowPtr<T> exps(const Block& b) const {
     if (!store_exps || ws.exp_scratch.span() == 0) return {};  // not kept, or no rows or no columns
+    if (b.index > 0 && logits_keep_exps) return logits_rows();
     const std::int64_t slot_row = b.index % 3 * scratch_slots(c.n_rows, c.core.head_rows, c.core.block_rows).slot;
     const std::int64_t ld = ws.exp_scratch.stride(0);
     return {ws.exp_scratch.data() + slot_row * ld, ld, b.r0};
@@ -299,8 +331,15 @@ class FusedStrategy {
       const RowPtr<T> scratch{ws.exp_scratch.data(), std::int64_t(ws.exp_scratch.stride(0)), 0};
       const bool chained = with_piecewise_finalize(scratch, [&](const auto& fin) {
         const std::int64_t chunks = std::min(threads(), n - h0);
-        const ChainedRows<T, Stats, std::decay_t<decltype(fin)>> rows{
-            Stats(c.args, ws.recs(), scratch, ws.chunk_max), fin, scratch.data, scratch.ld, h0, n, chunks, c.args.n};
+        const ChainedRows<T, Stats, std::decay_t<decltype(fin)>> rows{Stats(c.args, ws.recs(), scratch, ws.chunk_max),
+                                                                      fin,
+                                                                      scratch.data,
+                                                                      scratch.ld,
+                                                                      h0,
+                                                                      n,
+                                                                      chunks,
+                                                                      c.args.n,
+                                                                      logits_rows()};
         impl::for_rows("vpce::chained_rows", c.core.exec, 0, chunks, rows, /*use_teams=*/false);
       });
       if (!chained) throw Error("internal error: a chained call without stored exps");
@@ -342,6 +381,7 @@ class FusedStrategy {
   const std::int64_t block_rows;
   const bool chained;  ///< fused_chains
   const Store grad_store;
+  const bool logits_keep_exps;  ///< keeps_exps_in_logits, where the call stores exps
 };
 
 }  // namespace vpce::impl

@@ -165,8 +165,9 @@ struct HostInner {
         .v[0];
   }
   /// K sums at once, f(j) giving column j's K terms (Terms<T, K>), each summed as sum() does, and *max = the
-  /// max of g(j), in one pass; the row f reads from memory is prefetched `ahead` (stream.hpp), and pace(j)
-  /// called after each piece of 32 x Lanes columns (NoPace).
+  /// max of g(j), in one pass (g(j) read before f(j) runs: f may store over what g reads, online_stats over
+  /// the logits); the row f reads from memory is prefetched `ahead` (stream.hpp), and pace(j) called after
+  /// each piece of 32 x Lanes columns (NoPace).
   template <class T, int K, int Lanes = 16, class F, class G, Hint H = Hint::l2, class P = NoPace>
   KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN Terms<T, K> sums_max(std::int64_t n, const F& f, const G& g, T* max,
                                                                 const Ahead<H>& ahead = {}, const P& pace = P{}) const {
@@ -183,10 +184,10 @@ struct HostInner {
         ahead.at(j, lanes);
         VPCE_SIMD
         for (std::int64_t l = 0; l < lanes; ++l) {
+          const T v = g(j + l);
           const Terms<T, K> e = f(j + l);
           part[0][l] += e.v[0];  // no loop over k here: GCC does not vectorise the l loop around one
           if constexpr (K > 1) part[1][l] += e.v[1];
-          const T v = g(j + l);
           mx[l] = v > mx[l] ? v : mx[l];
         }
       }
@@ -201,10 +202,10 @@ struct HostInner {
     T rest[K][lanes] = {};  // the last n % lanes columns, a lane each
     VPCE_SIMD
     for (std::int64_t l = 0; l < n - whole; ++l) {
+      const T v = g(whole + l);
       const Terms<T, K> e = f(whole + l);
       rest[0][l] = e.v[0];
       if constexpr (K > 1) rest[1][l] = e.v[1];
-      const T v = g(whole + l);
       mx[l] = v > mx[l] ? v : mx[l];
     }
     // More than 16 lanes are first folded into 16 (lane 16 g + l into lane l, in order of g), then the 16
@@ -301,20 +302,24 @@ struct HostInner {
   /// The statistics of a row of n columns, reading it ONCE from memory, chunk by chunk (online softmax): per
   /// chunk, one pass against the running max m computes the chunk's exps (summed, maybe stored) and its max
   /// together, so that the loads overlap the exp; if the max grew, the sum is rescaled; by more than e^80
-  /// (the exps might overflow) the chunk is done again in two passes (its max, then its exps, from L1).
+  /// (the exps might overflow) the chunk's terms are formed again against the new max from the first pass's
+  /// (again(), from L1). While m is -inf a chunk takes two passes: its max, then its exps.
   /// z(j): the raw logit of column j in T; x(z): the transform (increasing, so the max of x is x of the max
   /// of z); with `sum_x`, also the sum of x (of w_j x_j with `weights`, a row of n: class weights), in the
   /// chunk's own pass from L1; with `entropy`, also h = sum exp(x - m) (x - m), in the exps' pass. With
   /// `exps` (a row of n), stores e_j = exp(x_j - m_c) there, m_c being the running max when chunk c was
-  /// stored, given to chunk_max(c, m_c): Finalize then only rescales, one exp per element. `ahead`: the row z
-  /// reads, prefetched (stream.hpp); `pace`: told the columns read as the exps' loops go (NoPace).
+  /// stored, given to chunk_max(c, m_c): Finalize then only rescales, one exp per element. `over_logits`: exps
+  /// is the row z reads (in place, logits of the compute type; not with `entropy`): each exp is stored over the
+  /// logit it comes from, and a chunk done again takes its terms from the values stored (again()). `ahead`: the
+  /// row z reads, prefetched (stream.hpp); `pace`: told the columns read as the exps' loops go (NoPace).
   template <class T, int Lanes, class Z, class X, class ChunkMax, Hint H, class P = NoPace>
   KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online_stats(std::int64_t n, const Z& z, const X& x, bool sum_x,
-                                                          const T* weights, bool entropy, T* exps,
+                                                          const T* weights, bool entropy, T* exps, bool over_logits,
                                                           const ChunkMax& chunk_max, const Ahead<H>& ahead,
                                                           const P& pace = P{}) const {
-    if (entropy) return online<2, T, Lanes>(n, z, x, sum_x, weights, exps, chunk_max, ahead, pace);
-    return online<1, T, Lanes>(n, z, x, sum_x, weights, exps, chunk_max, ahead, pace);
+    if (entropy) return online<2, false, T, Lanes>(n, z, x, sum_x, weights, exps, chunk_max, ahead, pace);
+    if (over_logits) return online<1, true, T, Lanes>(n, z, x, sum_x, weights, exps, chunk_max, ahead, pace);
+    return online<1, false, T, Lanes>(n, z, x, sum_x, weights, exps, chunk_max, ahead, pace);
   }
 
  private:
@@ -332,14 +337,14 @@ struct HostInner {
     for (std::int64_t j = whole; j < n; ++j) y[j] = to_storage<G>(v(j));
   }
 
-  /// online_stats with K = 1 (s) or 2 (s and h) sums.
-  template <int K, class T, int Lanes, class Z, class X, class ChunkMax, Hint H, class P>
+  /// online_stats with K = 1 (s) or 2 (s and h) sums, the exps stored over the logits if OverLogits.
+  template <int K, bool OverLogits, class T, int Lanes, class Z, class X, class ChunkMax, Hint H, class P>
   KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online(std::int64_t n, const Z& z, const X& x, bool sum_x,
                                                     const T* weights, T* exps, const ChunkMax& chunk_max,
                                                     const Ahead<H>& ahead, const P& pace) const {
     // A provisional max from the row's first 64 columns, so that the first chunk too is read once (its exps
     // against it, its max in the same pass) rather than in two passes; if they are all -inf (or NaN) the
-    // first chunk is done in two passes, as one whose max grew by more than e^80.
+    // first chunk is done in two passes.
     T zmax = max<T>(n < 64 ? n : 64, z);
     T m = zmax != neg_inf<T>() ? x(zmax) : neg_inf<T>(), sx = 0;
     double acc = 0, acc_h = 0;  // acc_h: relative to m, as acc
@@ -355,7 +360,8 @@ struct HostInner {
       }
       if (m != neg_inf<T>()) {
         T cz;
-        const Terms<T, K> sc = exp_sums<K, true, Lanes>(len, zc, x, yc, m, &cz, ahead.from(j0), PaceFrom<P>{pace, j0});
+        const Terms<T, K> sc =
+            exp_sums<K, true, Lanes, OverLogits>(len, zc, x, yc, m, &cz, ahead.from(j0), PaceFrom<P>{pace, j0});
         const T m_new = cz > zmax ? x(cz) : m;
         if (m_new - m <= T(80)) {
           if (yc != nullptr) chunk_max(j0 / chunk_cols, m);  // what the stored exps are relative to
@@ -366,17 +372,23 @@ struct HostInner {
           m = m_new;
           continue;
         }
+        // The chunk's max is more than 80 above m: its terms again against m_new, the sums so far rescaled.
+        const double e = double(fast_exp(m - m_new));
+        if constexpr (K == 2) acc_h = (acc_h + double(m - m_new) * acc) * e;
+        acc *= e;
+        const Terms<T, K> sa = again<K, OverLogits, Lanes>(len, zc, x, yc, m, m_new - m);
+        acc += double(sa.v[0]);
+        if constexpr (K == 2) acc_h += double(sa.v[1]);
+        m = m_new;
+        zmax = cz;
+        if (yc != nullptr) chunk_max(j0 / chunk_cols, m);
+        continue;
       }
+      // m = -inf (every logit so far -inf or NaN): the chunk's max, then its exps against it (from L1). acc is
+      // 0 (or NaN from a NaN among the -inf): it stays as it is.
       const T cz = max<T>(len, zc);
       if (cz > zmax) {
-        const T m_new = x(cz);
-        // While m was -inf, acc is 0 (or NaN from a NaN among the -inf): it stays as it is.
-        if (m != neg_inf<T>()) {
-          const double e = double(fast_exp(m - m_new));
-          if constexpr (K == 2) acc_h = (acc_h + double(m - m_new) * acc) * e;
-          acc *= e;
-        }
-        m = m_new;
+        m = x(cz);
         zmax = cz;
       }
       T unused;
@@ -391,9 +403,10 @@ struct HostInner {
 
   /// Column j's terms against the max m: e = exp(x_j - m), stored in y[j] if `Store`, and with K = 2 also
   /// e (x_j - m) (0 where e is 0: a -inf logit adds nothing). m is the running max, which x_j may exceed:
-  /// by more than 80, online() discards the chunk's terms and does it again, so exp never overflows in a
-  /// result that is kept.
-  template <int K, bool Store, class T, class Z, class X>
+  /// by more than 80, online() discards the chunk's terms and does them again (again()), so exp never
+  /// overflows in a result that is kept. `Mark` (the exps stored over the logits): where u = x_j - m > 80, -u
+  /// is stored instead of e, for again() (an exp is never negative).
+  template <int K, bool Store, bool Mark, class T, class Z, class X>
   struct ExpTerms {
     const Z& z;
     const X& x;
@@ -402,7 +415,7 @@ struct HostInner {
     KOKKOS_FORCEINLINE_FUNCTION Terms<T, K> operator()(std::int64_t j) const {
       const T u = x(z(j)) - m;
       const T e = fast_exp_no_overflow(u);
-      if constexpr (Store) y[j] = e;
+      if constexpr (Store) y[j] = Mark ? select(u > T(80), -u, e) : e;
       if constexpr (K == 1) {
         return {{e}};
       } else {
@@ -411,13 +424,13 @@ struct HostInner {
     }
   };
 
-  /// The K sums of exp(x_j - m) (and e (x_j - m)) over len columns, storing each exp in y if set; with
-  /// `WithMax` also *cz = the max of z over the same columns, in the same pass (m is then finite). With
-  /// m = -inf (every logit so far -inf or NaN) the sums are 0 -- s NaN if a NaN hides among them -- and y
-  /// gets zeros.
-  template <int K, bool WithMax, int Lanes, class T, class Z, class X, Hint H, class P>
-  KOKKOS_INLINE_FUNCTION VPCE_FLATTEN Terms<T, K> exp_sums(std::int64_t len, const Z& z, const X& x, T* y, T m, T* cz,
-                                                           const Ahead<H>& ahead, const P& pace) const {
+  /// The K sums of exp(x_j - m) (and e (x_j - m)) over len columns, storing each exp in y if set (as ExpTerms
+  /// with `Mark`); with `WithMax` also *cz = the max of z over the same columns, in the same pass (m is then
+  /// finite). With m = -inf (every logit so far -inf or NaN) the sums are 0 -- s NaN if a NaN hides among
+  /// them -- and y gets zeros.
+  template <int K, bool WithMax, int Lanes, bool Mark = false, class T, class Z, class X, Hint H, class P>
+  KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN Terms<T, K> exp_sums(std::int64_t len, const Z& z, const X& x, T* y, T m,
+                                                                T* cz, const Ahead<H>& ahead, const P& pace) const {
     auto no_max = [](std::int64_t) { return neg_inf<T>(); };
     if constexpr (!WithMax) {
       if (m == neg_inf<T>()) {
@@ -426,14 +439,11 @@ struct HostInner {
           r.v[0] = nan_or_zero(z(j));
           return r;
         };
-        if (y == nullptr) return sums_max<T, K, Lanes>(len, zero, no_max, cz);
-        return sums_max<T, K, Lanes>(
-            len,
-            [&](std::int64_t j) {
-              y[j] = T(0);
-              return zero(j);
-            },
-            no_max, cz);
+        // The sums before the zeros are stored, as y may be the row z reads: two loops (GCC leaves one that
+        // reads z(j) and then stores y[j] scalar).
+        const Terms<T, K> sums = sums_max<T, K, Lanes>(len, zero, no_max, cz);
+        if (y != nullptr) for_each(len, [&](std::int64_t j) { y[j] = T(0); });
+        return sums;
       }
     }
     auto g = [&](std::int64_t j) {
@@ -443,9 +453,65 @@ struct HostInner {
         return no_max(j);
       }
     };
-    if (y == nullptr) return sums_max<T, K, Lanes>(len, ExpTerms<K, false, T, Z, X>{z, x, y, m}, g, cz, ahead, pace);
-    return sums_max<T, K, Lanes>(len, ExpTerms<K, true, T, Z, X>{z, x, y, m}, g, cz, ahead.template as<Hint::l1>(),
-                                 pace);
+    if (y == nullptr) {
+      return sums_max<T, K, Lanes>(len, ExpTerms<K, false, false, T, Z, X>{z, x, y, m}, g, cz, ahead, pace);
+    }
+    return sums_max<T, K, Lanes>(len, ExpTerms<K, true, Mark, T, Z, X>{z, x, y, m}, g, cz,
+                                 ahead.template as<Hint::l1>(), pace);
+  }
+
+  /// A chunk's K sums again, against m + d where the first pass against m found its max more than 80 above m
+  /// (d > 80), each exp stored in y if set: e = exp(u - d) where u = x_j - m > 80, else exp(u) exp(-d/2)^2 (two
+  /// factors: exp(-d) alone may be below the normal range where exp(u - d) is not). FromStored: from the
+  /// values the first pass stored in y over the logits (ExpTerms' `Mark`: exp(u), or -u where u > 80); else
+  /// from the logits, with the same bits.
+  template <int K, bool FromStored, int Lanes, class T, class Z, class X>
+  KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN Terms<T, K> again(std::int64_t len, const Z& z, const X& x, T* y, T m,
+                                                             T d) const {
+    static_assert(!FromStored || K == 1, "the entropy's sum needs x - m beside each stored exp");
+    const T half = fast_exp(d * T(-0.5));
+    auto exp_again = [&](T u, T e0, bool big) { return select(big, fast_exp_no_overflow(u - d), e0 * half * half); };
+    // Each lambda below forms its Terms in its return statement: GCC leaves the loop scalar where a Terms is
+    // copied out of a named one ("more than one data ref").
+    auto terms = [&](T e, T u) -> Terms<T, K> {
+      if constexpr (K == 1) {
+        return {{e}};
+      } else {
+        return {{e, select(e == T(0), T(0), e * (u - d))}};
+      }
+    };
+    auto no_max = [](std::int64_t) { return neg_inf<T>(); };
+    T unused;
+    if constexpr (FromStored) {
+      return sums_max<T, K, Lanes>(
+          len,
+          [&](std::int64_t j) {
+            const T v = y[j];
+            const T e = exp_again(-v, v, v < T(0));
+            y[j] = e;
+            return terms(e, -v);
+          },
+          no_max, &unused);
+    }
+    // Two loops, as exp_sums: GCC leaves a store under `if (y != nullptr)` scalar.
+    if (y == nullptr) {
+      return sums_max<T, K, Lanes>(
+          len,
+          [&](std::int64_t j) {
+            const T u = x(z(j)) - m;
+            return terms(exp_again(u, fast_exp_no_overflow(u), u > T(80)), u);
+          },
+          no_max, &unused);
+    }
+    return sums_max<T, K, Lanes>(
+        len,
+        [&](std::int64_t j) {
+          const T u = x(z(j)) - m;
+          const T e = exp_again(u, fast_exp_no_overflow(u), u > T(80));
+          y[j] = e;
+          return terms(e, u);
+        },
+        no_max, &unused);
   }
 };
 
@@ -554,8 +620,8 @@ struct TeamInner {
   template <class T, int /*Lanes*/, class Z, class X, class ChunkMax, Hint H, class P = NoPace>
   KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online_stats(std::int64_t n, const Z& z, const X& x, bool /*sum_x*/,
                                                           const T* weights, bool /*entropy*/, T* /*exps*/,
-                                                          const ChunkMax& /*chunk_max*/, const Ahead<H>& /*ahead*/,
-                                                          const P& /*pace*/ = P{}) const {
+                                                          bool /*over_logits*/, const ChunkMax& /*chunk_max*/,
+                                                          const Ahead<H>& /*ahead*/, const P& /*pace*/ = P{}) const {
     return online<T>(n, [&](std::int64_t j, OnlineStats<T>& l) {
       const T zj = z(j), xj = x(zj);
       l.add(zj, xj, weights != nullptr ? weights[j] * xj : xj);
@@ -726,11 +792,15 @@ class LocalStats {
     const std::int64_t c = m_a.local_target(i);
     const T t = c >= 0 ? p.template transform<Capped>(to_compute(x[c])) : T(0);
     const bool smoothing = p.alpha > T(0);
+    T* const e = m_exps.data == nullptr ? nullptr : m_exps.row(i);
+    // In place over logits of the compute type (FusedStrategy::keeps_exps_in_logits); never for a row that
+    // stores no exps, so that no copy of the loops assumes x null.
+    bool over_logits = false;
+    if constexpr (std::is_same_v<S, T>) over_logits = e != nullptr && e == x;
     const OnlineStats<T> o = in.template online_stats<T, sum_lanes<S>>(
         m_a.n, [&](std::int64_t j) { return to_compute(x[j]); }, [&](T z) { return p.template transform<Capped>(z); },
-        smoothing, p.weights == nullptr ? nullptr : p.weights + m_a.begin, p.entropy,
-        m_exps.data == nullptr ? nullptr : m_exps.row(i), [&](std::int64_t chunk, T m) { m_chunk_max(i, chunk) = m; },
-        Ahead<read_hint<S>>::of(x), pace);
+        smoothing, p.weights == nullptr ? nullptr : p.weights + m_a.begin, p.entropy, e, over_logits && !p.entropy,
+        [&](std::int64_t chunk, T m) { m_chunk_max(i, chunk) = m; }, Ahead<read_hint<S>>::of(x), pace);
     const RowStats<T> r = mark_row(o.m, o.s, t, smoothing ? o.sx : T(0), p.entropy ? o.h : T(0), o.zmax);
     in.single([&]() { m_out.store(i, r); });
   }
