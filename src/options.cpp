@@ -25,8 +25,8 @@ std::int64_t l2_cache_bytes() {
 
 std::int64_t default_block_bytes_per_thread() {
   const std::int64_t l2 = l2_cache_bytes();
-  if (l2 == 0) return std::int64_t(256) << 10;
-  return std::clamp<std::int64_t>(l2 / 8, std::int64_t(128) << 10, std::int64_t(8) << 20);
+  if (l2 == 0) return std::int64_t(512) << 10;
+  return std::clamp<std::int64_t>(l2 / 2, std::int64_t(128) << 10, std::int64_t(8) << 20);
 }
 
 Strategy strategy_from_string(const std::string& s) {

@@ -35,9 +35,11 @@ enum class NonFinite {
 /// The per-core L2 cache of this machine in bytes (sysconf's _SC_LEVEL2_CACHE_SIZE), or 0 where not known.
 std::int64_t l2_cache_bytes();
 
-/// An eighth of l2_cache_bytes(), within [128 KiB, 8 MiB]; 256 KiB where the size is not known. Options's
-/// default: the exps of three blocks, and the logits streaming past them, stay in L2 (measured best among
-/// L2/8, L2/4 and L2/2, perf_tests/NOTES.md).
+/// Half of l2_cache_bytes(), within [128 KiB, 8 MiB]; 512 KiB where the size is not known. Options's
+/// default. It matters only where blocks are made (several ranks: one on a single rank runs its rows after
+/// the first block chained), and there every block pays a collective: blocks of L2/2 left the exps of three
+/// blocks partly in L3 but were faster than L2/8 at 2 ranks x 1 thread (perf_tests/NOTES.md, issue 12,
+/// fifteenth round).
 std::int64_t default_block_bytes_per_thread();
 
 /// Everything is combinable, and supported by every strategy and memory mode. Must be the same on every
@@ -81,7 +83,7 @@ struct Options {
   /// the block after, while that one's all-reduce is in flight: three blocks are live at a time, and a block's
   /// exps are still in cache when its gradient is written. 0: chosen from the slice width so that a thread's
   /// share of a block's exps (in the compute type: float for 16-bit logits) is about `block_bytes_per_thread`
-  /// (by default an eighth of a core's L2 cache), and 256x that for calls that keep no exps (the loss only,
+  /// (by default half a core's L2 cache), and 256x that for calls that keep no exps (the loss only,
   /// the softcap, probability targets), whose blocks hold nothing in cache: there each block only costs a
   /// launch and a collective.
   std::int64_t block_rows = 0;

@@ -122,8 +122,9 @@ struct ChainedRows {
     T* const rows[2] = {scratch + 2 * c * ld, scratch + (2 * c + 1) * ld};
     auto exps = [&](std::int64_t r) { return logits.data != nullptr ? logits : RowPtr<T>{rows[r % 2], ld, r}; };
     for (std::int64_t r = a; r <= b; ++r) {  // r = b: row b - 1's gradient only
+      const RowPtr<T> prev = exps(r - 1);
       const StatsWithGradient<Stats, Fin> both{stats.with_exps(exps(r)),
-                                               fin.with_exps({exps(r - 1).data, exps(r - 1).ld, exps(r - 1).row0}),
+                                               fin.with_exps({prev.data, prev.ld, prev.row0}),
                                                r,
                                                r < b ? 1 : 0,
                                                r - 1,
@@ -134,8 +135,8 @@ struct ChainedRows {
   }
 };
 
-/// How many times larger the blocks of a call that keeps no exps are (FusedStrategy::rows_per_block): 64 MiB
-/// of logits per thread with the default blocks of an eighth of a 2 MiB L2.
+/// How many times larger the blocks of a call that keeps no exps are (FusedStrategy::rows_per_block): 128 MiB
+/// of fp32 logits per thread with the default blocks of half a 1 MiB L2.
 inline constexpr std::int64_t loss_block_factor = 256;
 
 /// Whether a call keeps the host's exps in the scratch (see the file comment).
@@ -153,8 +154,8 @@ class FusedStrategy {
         store_exps(fused_stores_exps(c.what, Ctx::capped, c.core.use_teams(), c.core.opt.probability_targets)),
         block_rows(rows_per_block(c)),
         chained(fused_chains(c.core.comm.size(), is_host_space_v<Exec>, store_exps)),
-        grad_store(grad_store_for(c, chained ? threads() : block_rows)),
-        logits_keep_exps(store_exps && keeps_exps_in_logits(c)) {}
+        logits_keep_exps(store_exps && keeps_exps_in_logits(c)),
+        grad_store(grad_store_for(c, chained ? threads() : block_rows, logits_keep_exps)) {}
 
   void run() {
     const std::int64_t n = c.n_rows;
@@ -215,20 +216,21 @@ class FusedStrategy {
   }
 
   /// How StatsWithGradient writes the gradient: with plain stores where the gradient rows are the logits' own
-  /// (in place) and a thread's share of the three live blocks -- the logits of two, read since the rows it
-  /// writes were, and the exps of three -- fits in its L2: those rows' lines are then still in L2, a plain
-  /// store needs no read from memory, and a streaming store to a line in cache was slower (fp32 in place,
-  /// 1 rank x 2 threads: 45.7 -> 37.1 ms with the default blocks, 0.92x the copy; with blocks twice as
-  /// large, over the L2, streaming stores 3% faster; perf_tests/NOTES.md, issue 12, seventh round; bfloat16
-  /// in place at 2 ranks x 1 thread 1.60 -> 1.44x its copy), except for float16 logits, whose in-place call
-  /// was 14% slower with plain stores there (not explained; ninth round). Else the core's choice (streaming
-  /// stores on the host).
-  static Store grad_store_for(const Ctx& c, std::int64_t block_rows) {
+  /// (in place) and a thread's share of the three live blocks fits in its L2 -- the logits of two, read since
+  /// the rows it writes were, and the exps of three, none where they go over the logits (`exps_in_logits`,
+  /// keeps_exps_in_logits). Those rows' lines are then still in L2, a plain store needs no read from memory,
+  /// and a streaming store to a line in cache was slower (fp32 in place, 1 rank x 2 threads: 45.7 -> 37.1 ms,
+  /// 0.92x the copy; perf_tests/NOTES.md, issue 12, seventh round; bfloat16 in place at 2 ranks x 1 thread
+  /// 1.60 -> 1.44x its copy; fp32 in place over the logits at 2 ranks x 1 thread with blocks of L2/2, 92.0 ->
+  /// 67.1 ms, fifteenth round). Not for float16 logits, whose in-place call was 14% slower with plain stores
+  /// (not explained; ninth round). Else the core's choice (streaming stores on the host).
+  static Store grad_store_for(const Ctx& c, std::int64_t block_rows, bool exps_in_logits) {
     const Store core = c.core.template store<std::remove_pointer_t<decltype(c.y.data)>>();
     if (core == Store::plain || !in_place(c) || std::is_same_v<typename Ctx::Scalar, float16>) return core;
     const std::int64_t threads = std::max<std::int64_t>(1, c.core.exec.concurrency());
     const std::int64_t rows = (std::min(block_rows, c.n_rows) + threads - 1) / threads;
-    const std::int64_t bytes_per_column = 2 * std::int64_t(sizeof(typename Ctx::Scalar)) + 3 * std::int64_t(sizeof(T));
+    const std::int64_t bytes_per_column =
+        2 * std::int64_t(sizeof(typename Ctx::Scalar)) + (exps_in_logits ? 0 : 3 * std::int64_t(sizeof(T)));
     const std::int64_t l2 = l2_cache_bytes();
     return l2 > 0 && rows <= l2 / bytes_per_column / std::max<std::int64_t>(1, c.args.n) ? Store::plain : core;
   }
@@ -379,9 +381,9 @@ class FusedStrategy {
   const Workspace<T, memory_space>& ws;
   const bool store_exps;
   const std::int64_t block_rows;
-  const bool chained;  ///< fused_chains
-  const Store grad_store;
+  const bool chained;           ///< fused_chains
   const bool logits_keep_exps;  ///< keeps_exps_in_logits, where the call stores exps
+  const Store grad_store;
 };
 
 }  // namespace vpce::impl

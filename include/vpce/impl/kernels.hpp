@@ -793,13 +793,14 @@ class LocalStats {
     const T t = c >= 0 ? p.template transform<Capped>(to_compute(x[c])) : T(0);
     const bool smoothing = p.alpha > T(0);
     T* const e = m_exps.data == nullptr ? nullptr : m_exps.row(i);
-    // In place over logits of the compute type (FusedStrategy::keeps_exps_in_logits); never for a row that
-    // stores no exps, so that no copy of the loops assumes x null.
+    // In place over logits of the compute type: the strategy's decision (FusedStrategy::keeps_exps_in_logits,
+    // never with the entropy), seen here as the exps' row being the logits' own. Never for a row that stores
+    // no exps, so that no copy of the loops assumes x null.
     bool over_logits = false;
     if constexpr (std::is_same_v<S, T>) over_logits = e != nullptr && e == x;
     const OnlineStats<T> o = in.template online_stats<T, sum_lanes<S>>(
         m_a.n, [&](std::int64_t j) { return to_compute(x[j]); }, [&](T z) { return p.template transform<Capped>(z); },
-        smoothing, p.weights == nullptr ? nullptr : p.weights + m_a.begin, p.entropy, e, over_logits && !p.entropy,
+        smoothing, p.weights == nullptr ? nullptr : p.weights + m_a.begin, p.entropy, e, over_logits,
         [&](std::int64_t chunk, T m) { m_chunk_max(i, chunk) = m; }, Ahead<read_hint<S>>::of(x), pace);
     const RowStats<T> r = mark_row(o.m, o.s, t, smoothing ? o.sx : T(0), p.entropy ? o.h : T(0), o.zmax);
     in.single([&]() { m_out.store(i, r); });
