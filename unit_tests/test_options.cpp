@@ -184,7 +184,7 @@ TYPED_TEST(OptionsTest, EntropyWeight) {
   opt.softcap = 5;
   opt.logit_scale = 0.5;
   this->expect_all_match(opt, ignore_rows(-100), "entropy_weight -0.2, smoothing, z-loss, mean, softcap");
-  opt.force_team_kernels = true;  // the device's form: h merged element by element, across the team
+  opt.force_team_kernels = true;  // the device's form: h per thread, merged across the team
   this->expect_all_match(opt, ignore_rows(-100), "entropy_weight -0.2, ..., softcap, team kernels");
   opt.softcap = 0;
   opt.logit_scale = 1;

@@ -75,26 +75,12 @@ KOKKOS_INLINE_FUNCTION std::int64_t num_chunks(std::int64_t n) { return (n + chu
 /// The statistics of a row or a slice of it: m = max x, s = sum exp(x - m) (an element of -inf adds
 /// nothing, a NaN makes s NaN), zmax = the max of the raw logits (+inf is caught there even when the
 /// softcap makes x finite), sx = the sum of x, h = sum exp(x - m) (x - m) (the entropy's term, only where
-/// asked for). add() and join() are the online form (a device's threads).
+/// asked for). join() merges two (a device's threads across the team).
 template <class T>
 struct OnlineStats {
   T m, s, zmax, sx, h;
-  /// Adds column value x (raw logit z); ax is its term of sx (x, or w_j x with class weights).
-  KOKKOS_INLINE_FUNCTION void add(T z, T x, T ax) {
-    const RowStats<T> r = merge(RowStats<T>{m, s, T(0), T(0), h, T(0), T(0)},
-                                RowStats<T>{x, x == neg_inf<T>() ? T(0) : T(1), T(0), T(0), T(0), T(0), T(0)});
-    m = r.m;
-    s = r.s;
-    h = r.h;
-    zmax = z > zmax ? z : zmax;
-    sx += ax;
-  }
   KOKKOS_INLINE_FUNCTION void join(T m2, T s2, T zmax2, T sx2, T h2) {
-    const RowStats<T> r =
-        merge(RowStats<T>{m, s, T(0), T(0), h, T(0), T(0)}, RowStats<T>{m2, s2, T(0), T(0), h2, T(0), T(0)});
-    m = r.m;
-    s = r.s;
-    h = r.h;
+    merge_msh(m, s, h, m2, s2, h2, m, s, h);
     zmax = zmax2 > zmax ? zmax2 : zmax;
     sx += sx2;
   }
@@ -565,45 +551,127 @@ struct OnlineReducer {
   KOKKOS_INLINE_FUNCTION bool references_scalar() const { return true; }
 };
 
-/// A device's policy: a row is one team, its threads across the vocabulary (coalesced loads).
+/// A team thread's running statistics over its chunks of a row (TeamInner::online_stats): the sums in double,
+/// as the host's lane totals, so that a row of 2^31 columns keeps float's accuracy (a float sum of 2^24 terms
+/// per thread stops growing). add() merges a chunk's float partial as OnlineStats::join does.
+template <class T>
+struct ThreadTotal {
+  T m = neg_inf<T>(), zmax = neg_inf<T>();
+  double s = 0, sx = 0, h = 0;
+  KOKKOS_INLINE_FUNCTION void add(const OnlineStats<T>& c) {
+    merge_msh(m, s, h, c.m, double(c.s), double(c.h), m, s, h);
+    zmax = c.zmax > zmax ? c.zmax : zmax;
+    sx += double(c.sx);
+  }
+};
+
+/// A device's policy: a row is one team, its threads across the vocabulary: thread t of nt reads columns
+/// t, t + nt, ... (coalesced loads), `unroll` of them before it uses them, so that each thread has several
+/// loads in flight (one at a time kept an H200 at a quarter to a half of its copy bandwidth).
 template <class Member>
 struct TeamInner {
   const Member& member;
+  static constexpr int unroll = 8;
+  /// Columns a thread sums in T before adding them to its double total (ThreadTotal, sum()).
+  static constexpr std::int64_t chunk_per_thread = 256;
+
+  /// Thread t's columns of [b, e) (b + t, b + t + nt, ...): in groups of `unroll`, group(j, nt) for columns
+  /// j + u nt (u < unroll), then the rest one by one, one(j).
+  template <class Group, class One>
+  KOKKOS_FORCEINLINE_FUNCTION void columns(std::int64_t b, std::int64_t e, const Group& group, const One& one) const {
+    const std::int64_t nt = member.team_size();
+    std::int64_t j = b + member.team_rank();
+    for (; j + (unroll - 1) * nt < e; j += unroll * nt) group(j, nt);
+    for (; j < e; j += nt) one(j);
+  }
+  /// columns() over [0, n) in chunks of chunk_per_thread columns per thread: per chunk, acc starts from init,
+  /// group(j, nt, acc) adds a group of columns and one(j, acc) one column; done(acc) after each chunk.
+  template <class Acc, class Group, class One, class Done>
+  KOKKOS_FORCEINLINE_FUNCTION void chunks(std::int64_t n, const Acc& init, const Group& group, const One& one,
+                                          const Done& done) const {
+    const std::int64_t step = chunk_per_thread * member.team_size();
+    for (std::int64_t b = 0; b < n; b += step) {
+      Acc acc = init;
+      columns(
+          b, b + step < n ? b + step : n, [&](std::int64_t j, std::int64_t nt) { group(j, nt, acc); },
+          [&](std::int64_t j) { one(j, acc); });
+      done(acc);
+    }
+  }
+  /// K columns j + u nt (u < K) into a thread's chunk statistics a: their loads, their max, then (the sums so
+  /// far moved to a new max, rarely after the first groups) their exps against it: one exp per column, the K
+  /// exps independent of each other. As the host's online_stats: a -inf logit adds nothing, a NaN makes s NaN,
+  /// h and sx only where asked for.
+  template <int K, class T, class Z, class X>
+  KOKKOS_FORCEINLINE_FUNCTION static void add_group(std::int64_t j, std::int64_t nt, const Z& z, const X& x,
+                                                    const T* weights, bool sum_x, bool entropy, OnlineStats<T>& a) {
+    T zv[K], xv[K];
+    for (int u = 0; u < K; ++u) zv[u] = z(j + u * nt);
+    T gx = a.m;
+    for (int u = 0; u < K; ++u) {
+      xv[u] = x(zv[u]);
+      gx = xv[u] > gx ? xv[u] : gx;
+      a.zmax = zv[u] > a.zmax ? zv[u] : a.zmax;
+    }
+    if (gx > a.m) merge_msh(a.m, a.s, a.h, gx, T(0), T(0), a.m, a.s, a.h);
+    for (int u = 0; u < K; ++u) {
+      const T d = xv[u] - a.m;
+      const T e = select(xv[u] == neg_inf<T>(), T(0), fast_exp_no_overflow(d));
+      a.s += e;
+      if (entropy) a.h += select(e == T(0), T(0), e * d);
+      if (sum_x) a.sx += weights != nullptr ? weights[j + u * nt] * xv[u] : xv[u];
+    }
+  }
+
   template <class T, class F>
   KOKKOS_FORCEINLINE_FUNCTION T max(std::int64_t n, const F& f) const {
     T m = neg_inf<T>();
-    Kokkos::parallel_reduce(
-        Kokkos::TeamThreadRange(member, n),
-        [&](std::int64_t j, T& l) {
-          const T v = f(j);
-          l = v > l ? v : l;
+    columns(
+        0, n,
+        [&](std::int64_t j, std::int64_t nt) {
+          T v[unroll];
+          for (int u = 0; u < unroll; ++u) v[u] = f(j + u * nt);
+          for (int u = 0; u < unroll; ++u) m = v[u] > m ? v[u] : m;
         },
-        MaxOrNegInf<T>(m));
+        [&](std::int64_t j) {
+          const T v = f(j);
+          m = v > m ? v : m;
+        });
+    member.team_reduce(MaxOrNegInf<T>(m));
     return m;
   }
   template <class T, class F>
   KOKKOS_FORCEINLINE_FUNCTION T sum(std::int64_t n, const F& f) const {
-    T s = 0;
-    Kokkos::parallel_reduce(
-        Kokkos::TeamThreadRange(member, n), [&](std::int64_t j, T& l) { l += f(j); }, s);
+    double total = 0;
+    chunks(
+        n, T(0),
+        [&](std::int64_t j, std::int64_t nt, T& acc) {
+          T v[unroll];
+          for (int u = 0; u < unroll; ++u) v[u] = f(j + u * nt);
+          for (int u = 0; u < unroll; ++u) acc += v[u];
+        },
+        [&](std::int64_t j, T& acc) { acc += T(f(j)); }, [&](T acc) { total += double(acc); });
+    T s = T(total);
+    member.team_reduce(Kokkos::Sum<T>(s));
     return s;
   }
   template <class F>
   KOKKOS_FORCEINLINE_FUNCTION void for_each(std::int64_t n, const F& f) const {
     Kokkos::parallel_for(Kokkos::TeamThreadRange(member, n), f);
   }
-  /// The one-pass statistics of columns [0, n): f(j, stats) adds column j (OnlineStats::add).
-  template <class T, class F>
-  KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online(std::int64_t n, const F& f) const {
-    OnlineStats<T> r{neg_inf<T>(), T(0), neg_inf<T>(), T(0), T(0)};
-    Kokkos::parallel_reduce(Kokkos::TeamThreadRange(member, n), f, OnlineReducer<T>(r));
-    return r;
-  }
   /// y[j] = G(v(j)) for j in [0, n), then y[c] = fix if 0 <= c < n (plain stores: a device writes whole lines).
+  /// A group's values are all formed before any is stored (their loads in flight together, also in place).
   template <class G, class F, Hint H = Hint::l2>
   KOKKOS_FORCEINLINE_FUNCTION void store(std::int64_t n, G* y, const F& v, std::int64_t c, G fix, Store,
                                          const Ahead<H>& = {}, bool /*fence*/ = true) const {
-    for_each(n, [&](std::int64_t j) { y[j] = to_storage<G>(v(j)); });
+    columns(
+        0, n,
+        [&](std::int64_t j, std::int64_t nt) {
+          G o[unroll];
+          for (int u = 0; u < unroll; ++u) o[u] = to_storage<G>(v(j + u * nt));
+          for (int u = 0; u < unroll; ++u) y[j + u * nt] = o[u];
+        },
+        [&](std::int64_t j) { y[j] = to_storage<G>(v(j)); });
     barrier();
     if (c >= 0 && c < n) single([&]() { y[c] = fix; });
   }
@@ -613,19 +681,27 @@ struct TeamInner {
   }
   KOKKOS_FORCEINLINE_FUNCTION void barrier() const { member.team_barrier(); }
 
-  /// The statistics of a row (HostInner::online_stats's contract) in one read: each thread keeps a running
-  /// (m, s, h) over its columns, merged across the team. No exps are stored (exps and chunk_max are not
-  /// used): Finalize recomputes them from the logits, which keeps the device's pass count at 2 reads + 1
-  /// write.
+  /// The statistics of a row (HostInner::online_stats's contract) in one read: each thread keeps running
+  /// statistics over its columns (add_group: per chunk in T, ThreadTotal across chunks), merged across the
+  /// team. No exps are stored (exps and chunk_max are not used): Finalize recomputes them from the logits,
+  /// which keeps the device's pass count at 2 reads + 1 write.
   template <class T, int /*Lanes*/, class Z, class X, class ChunkMax, Hint H, class P = NoPace>
-  KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online_stats(std::int64_t n, const Z& z, const X& x, bool /*sum_x*/,
-                                                          const T* weights, bool /*entropy*/, T* /*exps*/,
+  KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online_stats(std::int64_t n, const Z& z, const X& x, bool sum_x,
+                                                          const T* weights, bool entropy, T* /*exps*/,
                                                           bool /*over_logits*/, const ChunkMax& /*chunk_max*/,
                                                           const Ahead<H>& /*ahead*/, const P& /*pace*/ = P{}) const {
-    return online<T>(n, [&](std::int64_t j, OnlineStats<T>& l) {
-      const T zj = z(j), xj = x(zj);
-      l.add(zj, xj, weights != nullptr ? weights[j] * xj : xj);
-    });
+    auto zt = [&](std::int64_t j) { return T(z(j)); };
+    ThreadTotal<T> total;
+    chunks(
+        n, OnlineStats<T>{neg_inf<T>(), T(0), neg_inf<T>(), T(0), T(0)},
+        [&](std::int64_t j, std::int64_t nt, OnlineStats<T>& acc) {
+          add_group<unroll>(j, nt, zt, x, weights, sum_x, entropy, acc);
+        },
+        [&](std::int64_t j, OnlineStats<T>& acc) { add_group<1>(j, 0, zt, x, weights, sum_x, entropy, acc); },
+        [&](const OnlineStats<T>& acc) { total.add(acc); });
+    OnlineStats<T> r{total.m, T(total.s), total.zmax, T(total.sx), T(total.h)};
+    member.team_reduce(OnlineReducer<T>(r));
+    return r;
   }
 };
 
