@@ -45,7 +45,7 @@ KOKKOS_INLINE_FUNCTION T neg_inf() {
 /// The (m, s, h) part of merge() below: the larger max wins, the other partial's s and h are moved to it.
 /// A is the sums' type (T, or double for a device thread's running totals). Values are selected, never
 /// references: on a GPU a reference chosen between two objects puts both in local memory (in the per-element
-/// add of the device's statistics that was 14 local stores per element and a fifth of the memory bandwidth).
+/// add of the device's statistics that was 14 local stores per element: 0.28 of an H200's 4.2 TB/s).
 template <class T, class A>
 KOKKOS_INLINE_FUNCTION void merge_msh(T am, A as, A ah, T bm, A bs, A bh, T& m, A& s, A& h) {
   const bool a_big = am > bm || (am == bm && as >= bs);
