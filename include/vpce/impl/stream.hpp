@@ -34,6 +34,17 @@
 #else
 #define VPCE_HW_ROUND_FLOAT16 0
 #endif
+// Lines of 16-bit values rounded and written whole (round_line_hw) where the kernels are compiled for AVX-512
+// with -mprefer-vector-width=512 (the build then defines VPCE_PREFER_VECTOR_WIDTH=512 for vpce's own translation
+// units): a line's 32 floats are then formed in two 512-bit registers, so that they can be read as two.
+#if VPCE_HAVE_STREAMING_STORES && defined(__AVX512F__) && defined(VPCE_PREFER_VECTOR_WIDTH)
+#if VPCE_PREFER_VECTOR_WIDTH >= 512
+#define VPCE_WHOLE_16BIT_LINES 1
+#endif
+#endif
+#ifndef VPCE_WHOLE_16BIT_LINES
+#define VPCE_WHOLE_16BIT_LINES 0
+#endif
 
 namespace vpce::impl {
 
@@ -44,14 +55,14 @@ inline constexpr bool have_streaming_stores = VPCE_HAVE_STREAMING_STORES != 0;
 /// CPU has them, else a plain copy. Weakly ordered: stream_fence() before other threads may read the line.
 /// `Whole`: src was just formed in ONE 512-bit register where the CPU has AVX-512 (a line of 4- or 8-byte
 /// values: GCC keeps it there, also at -mprefer-vector-width=256, and never stores it to src: checked in the
-/// object code of x86-64-v4 and -march=native builds), written by one 512-bit streaming store: fp32
-/// `loss_and_grad` at 1 rank x 2 threads 41.3 -> 38.9 ms on an AMD EPYC (Zen 4), whose 512-bit stores
-/// take two cycles (perf_tests/NOTES.md, issue 12, tenth round). Otherwise, with AVX, src is read and written
-/// in 32-byte halves: a 16-bit line is formed in 256-bit halves (round_line_hw's conversions, and GCC's
-/// stores at its default -mprefer-vector-width=256 on AVX-512 CPUs), and a 64-byte load of two 32-byte
-/// stores cannot be forwarded from them and stalls (measured: 52% of the bfloat16 Finalize's samples on that
-/// load, AVX-512 Xeon). The two streaming stores fill one line of the write-combining buffer, as one 64-byte
-/// store would.
+/// object code of x86-64-v4 and -march=native builds; a line of 16-bit values where round_line_whole),
+/// written by one 512-bit streaming store: fp32 `loss_and_grad` at 1 rank x 2 threads 41.3 -> 38.9 ms on an
+/// AMD EPYC (Zen 4), whose 512-bit stores take two cycles (perf_tests/NOTES.md, issue 12, tenth round).
+/// Otherwise, with AVX, src is read and written in 32-byte halves: a 16-bit line is formed in 256-bit halves
+/// (round_line_hw's 256-bit conversions, and GCC's stores at its default -mprefer-vector-width=256 on AVX-512
+/// CPUs), and a 64-byte load of two 32-byte stores cannot be forwarded from them and stalls (measured: 52% of
+/// the bfloat16 Finalize's samples on that load, AVX-512 Xeon). The two streaming stores fill one line of the
+/// write-combining buffer, as one 64-byte store would.
 template <bool Whole = false>
 KOKKOS_FORCEINLINE_FUNCTION void stream_line(void* dst, const void* src) {
 #if VPCE_HAVE_STREAMING_STORES
@@ -101,6 +112,11 @@ template <class G>
 inline constexpr bool have_round_line_hw = (std::is_same_v<G, bfloat16> && VPCE_HW_ROUND_BFLOAT16 != 0) ||
                                            (std::is_same_v<G, float16> && VPCE_HW_ROUND_FLOAT16 != 0);
 
+/// Whether round_line_hw forms a line of G in ONE 512-bit register on this build (stream_line<true> may then
+/// write it): with VPCE_WHOLE_16BIT_LINES.
+template <class G>
+inline constexpr bool round_line_whole = have_round_line_hw<G> && VPCE_WHOLE_16BIT_LINES != 0;
+
 /// line[l] = G(f[l]) for the 32 floats of a line of 16-bit G, by the CPU's conversion instructions where the
 /// compiler targets them: AVX512-BF16's vcvtne2ps2bf16 for bfloat16 (AVX-512 CPUs since Cooper Lake and
 /// Zen 4), F16C's vcvtps2ph for float16 (every x86-64-v3 CPU). Both round to nearest even as bfloat16(float)
@@ -112,8 +128,34 @@ inline constexpr bool have_round_line_hw = (std::is_same_v<G, bfloat16> && VPCE_
 template <class G>
 KOKKOS_FORCEINLINE_FUNCTION bool round_line_hw(G* line, const float* f) {
   static_assert(is_16bit_v<G>, "a 16-bit type");
+#if VPCE_WHOLE_16BIT_LINES && (VPCE_HW_ROUND_BFLOAT16 || VPCE_HW_ROUND_FLOAT16)
+  // f in two 512-bit registers (VPCE_WHOLE_16BIT_LINES), the line formed in one and stored by one 512-bit store:
+  // a third of the instructions of the 256-bit form below, which split the registers into halves and passed
+  // the line through the stack (bfloat16 `loss_and_grad` -8 to -9%, backward -20%, on an AMD EPYC Zen 5:
+  // perf_tests/NOTES.md, issue 12, seventeenth round).
+  if constexpr (have_round_line_hw<G>) {
+    const __m512 lo = _mm512_loadu_ps(f), hi = _mm512_loadu_ps(f + 16);
+    __m512i out = _mm512_setzero_si512();
+#if VPCE_HW_ROUND_BFLOAT16
+    if constexpr (std::is_same_v<G, bfloat16>) {
+      if ((_mm512_fpclass_ps_mask(lo, 0x20) | _mm512_fpclass_ps_mask(hi, 0x20)) != 0) return false;  // subnormal
+      out = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+    }
+#endif
+#if VPCE_HW_ROUND_FLOAT16
+    if constexpr (std::is_same_v<G, float16>) {
+      if ((_mm512_cmp_ps_mask(lo, lo, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(hi, hi, _CMP_UNORD_Q)) != 0) return false;
+      // The masked forms: GCC 12's unmasked ones pass _mm*_undefined_* and warn (-Wmaybe-uninitialized).
+      constexpr int nearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+      const __m256i a = _mm512_maskz_cvtps_ph(0xffff, lo, nearest), b = _mm512_maskz_cvtps_ph(0xffff, hi, nearest);
+      out = _mm512_maskz_inserti64x4(0xff, _mm512_maskz_inserti64x4(0xff, out, a, 0), b, 1);
+    }
+#endif
+    _mm512_storeu_si512(line, out);
+    return true;
+  }
+#elif VPCE_HW_ROUND_BFLOAT16 || VPCE_HW_ROUND_FLOAT16
   // f is read in 256-bit pieces, the width GCC stores it in (see stream_line), also with AVX-512.
-#if VPCE_HW_ROUND_BFLOAT16 || VPCE_HW_ROUND_FLOAT16
   if constexpr (have_round_line_hw<G>) {
     __m256 v[4];
     unsigned other = 0;  // lanes the instruction would round otherwise
