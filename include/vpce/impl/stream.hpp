@@ -115,7 +115,7 @@ inline constexpr bool have_round_line_hw = (std::is_same_v<G, bfloat16> && VPCE_
 /// Whether round_line_hw forms a line of G in ONE 512-bit register on this build (stream_line<true> may then
 /// write it): with VPCE_WHOLE_16BIT_LINES.
 template <class G>
-inline constexpr bool round_line_whole = have_round_line_hw<G> && VPCE_WHOLE_16BIT_LINES != 0;
+inline constexpr bool round_line_whole = (have_round_line_hw<G> && VPCE_WHOLE_16BIT_LINES != 0);
 
 /// line[l] = G(f[l]) for the 32 floats of a line of 16-bit G, by the CPU's conversion instructions where the
 /// compiler targets them: AVX512-BF16's vcvtne2ps2bf16 for bfloat16 (AVX-512 CPUs since Cooper Lake and
