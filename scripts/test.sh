@@ -47,8 +47,11 @@ extra_cmake_args="${VPCE_CMAKE_ARGS:--DVPCE_ENABLE_NATIVE=ON} -DVPCE_ENABLE_BENC
 # flags; the fuzz harness is built with clang's own ASan), the >2^31-logit test (minutes at -O0).
 not_extra='^vpce_(clang_tidy|vectorized|tool_fuzz|large_np1)$'
 # Under the sanitizers the unit tests run at 2 and 3 ranks (and Serial at 3), the tool's loss tests at 1 rank:
-# the other rank counts mostly repeat those code paths (left out to hold CI near 25 minutes on 2 cores).
+# the other rank counts mostly repeat those code paths (left out to hold CI near 25 minutes on 2 cores). Nor
+# the install test (CMake packaging) and test_math at the named x86-64 levels (the unit tests run its source
+# at the build's own ISA): 70 s under the sanitizers for nothing they would find.
 asan_skip="$not_extra|^vpce_unit_np[14]\$|^vpce_determinism_|^vpce_example_train_lm_np4\$"
+asan_skip+='|^vpce_install_test$|^vpce_math_x86-64-v[34]$'
 asan_skip+='|^vpce_tool_(loss_np[23]|options_np[23]|errors_np[23]|commands_np3|linear_np[23]|faults_np3)$'
 # MPICH: no runs of 3-4 ranks on the CI's 2 cores where they take minutes (MPICH busy-polls), no
 # single-rank determinism (nothing MPI in it), and no killed-rank tests: MPICH's mpiexec SIGKILLs the
