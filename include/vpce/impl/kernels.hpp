@@ -309,21 +309,17 @@ struct HostInner {
   }
 
  private:
-  /// y[j] = v(j) for j in [0, n), prefetching `ahead` once per 64 bytes of y; a 16-bit G's whole lines rounded
-  /// by round_line (the CPU's conversions where the build has them: bfloat16 in place -15%, backward -22% on an
-  /// AMD EPYC Zen 5 against the integer rounding of to_storage; NOTES.md, issue 12, seventeenth round).
+  /// y[j] = v(j) for j in [0, n), prefetching `ahead` once per 64 bytes of y; whole lines by round_line, so
+  /// that a 16-bit G is rounded by the CPU's conversions where the build has them (bfloat16 in place -15%,
+  /// backward -22% on an AMD EPYC Zen 5 against to_storage's integer rounding; NOTES.md, issue 12,
+  /// seventeenth round).
   template <class G, class F, Hint H>
   KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN void fill(std::int64_t n, G* y, const F& v, const Ahead<H>& ahead) const {
     constexpr std::int64_t lanes = 64 / std::int64_t(sizeof(G));
     const std::int64_t whole = n - n % lanes;
     for (std::int64_t j = 0; j < whole; j += lanes) {
       ahead.at(j, lanes);
-      if constexpr (have_round_line_hw<G>) {
-        round_line(y + j, v, j);
-      } else {
-        VPCE_SIMD
-        for (std::int64_t l = 0; l < lanes; ++l) y[j + l] = to_storage<G>(v(j + l));
-      }
+      round_line(y + j, v, j);
     }
     VPCE_SIMD
     for (std::int64_t j = whole; j < n; ++j) y[j] = to_storage<G>(v(j));
@@ -629,20 +625,24 @@ struct TeamInner {
     }
   }
 
+  /// columns() over [b, e) column by column: use(j, load(j)), a group's loads all issued before any use.
+  template <class Load, class Use>
+  KOKKOS_FORCEINLINE_FUNCTION void each_column(std::int64_t b, std::int64_t e, const Load& load, const Use& use) const {
+    columns(
+        b, e,
+        [&](std::int64_t j, std::int64_t nt) {
+          decltype(load(j)) v[unroll];
+          for (int u = 0; u < unroll; ++u) v[u] = load(j + u * nt);
+          for (int u = 0; u < unroll; ++u) use(j + u * nt, v[u]);
+        },
+        [&](std::int64_t j) { use(j, load(j)); });
+  }
+
   template <class T, class F>
   KOKKOS_FORCEINLINE_FUNCTION T max(std::int64_t n, const F& f) const {
     T m = neg_inf<T>();
-    columns(
-        0, n,
-        [&](std::int64_t j, std::int64_t nt) {
-          T v[unroll];
-          for (int u = 0; u < unroll; ++u) v[u] = f(j + u * nt);
-          for (int u = 0; u < unroll; ++u) m = v[u] > m ? v[u] : m;
-        },
-        [&](std::int64_t j) {
-          const T v = f(j);
-          m = v > m ? v : m;
-        });
+    each_column(
+        0, n, [&](std::int64_t j) { return T(f(j)); }, [&](std::int64_t, T v) { m = v > m ? v : m; });
     member.team_reduce(MaxOrNegInf<T>(m));
     return m;
   }
@@ -670,14 +670,8 @@ struct TeamInner {
   template <class G, class F, Hint H = Hint::l2>
   KOKKOS_FORCEINLINE_FUNCTION void store(std::int64_t n, G* y, const F& v, std::int64_t c, G fix, Store,
                                          const Ahead<H>& = {}, bool /*fence*/ = true) const {
-    columns(
-        0, n,
-        [&](std::int64_t j, std::int64_t nt) {
-          G o[unroll];
-          for (int u = 0; u < unroll; ++u) o[u] = to_storage<G>(v(j + u * nt));
-          for (int u = 0; u < unroll; ++u) y[j + u * nt] = o[u];
-        },
-        [&](std::int64_t j) { y[j] = to_storage<G>(v(j)); });
+    each_column(
+        0, n, [&](std::int64_t j) { return to_storage<G>(v(j)); }, [&](std::int64_t j, G o) { y[j] = o; });
     barrier();
     if (c >= 0 && c < n) single([&]() { y[c] = fix; });
   }
