@@ -1,6 +1,6 @@
 // The host math of the kernels (vpce/impl/math.hpp, vpce/half.hpp), element by element against the C
-// library: fast_exp's relative error over the whole range it computes, its out-of-range results and
-// non-finite inputs; fast_tanh's absolute error; every float16 bit pattern through float and back; the
+// library: fast_exp's relative error over the whole range it computes (at both of its accuracies), its out-of-range
+// results and non-finite inputs; fast_tanh's absolute error; every float16 bit pattern through float and back; the
 // host's rounding of lines of floats to bfloat16 and float16 (by the CPU's instructions where the build has
 // them) against the scalar conversions. Compiled with the library's own flags (unit_tests/CMakeLists.txt).
 
@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <utility>
 
 #include "vpce/half.hpp"
 #include "vpce/impl/kernels.hpp"
@@ -20,19 +21,32 @@ namespace {
 using vpce::impl::fast_exp;
 using vpce::impl::fast_tanh;
 
-// float: every 61st float from lo (-86.98) up to ln(FLT_MAX) = 88.72 (36 M values): 1.0e-7 measured.
-TEST(Math, FastExpFloatRelativeError) {
-  double worst = 0, at = 0;
+using vpce::impl::ExpAccuracy;
+
+// The largest relative error of fast_exp<A> over every 61st float from lo (-86.98) up to ln(FLT_MAX) = 88.72
+// (36 M values), and where it is.
+template <ExpAccuracy A>
+std::pair<double, float> float_exp_error() {
+  double worst = 0;
+  float at = 0;
   auto check = [&](std::uint32_t bits) {
     const float x = vpce::impl::from_bits(bits);
-    const double ref = std::exp(double(x)), err = std::abs(double(fast_exp(x)) - ref) / ref;
+    const double ref = std::exp(double(x)), err = std::abs(double(fast_exp<A>(x)) - ref) / ref;
     if (err > worst) worst = err, at = x;
   };
   const std::uint32_t lo = vpce::impl::as_bits(-86.98f);  // the negative floats: bits grow with |x|
   const std::uint32_t hi = vpce::impl::as_bits(std::log(std::numeric_limits<float>::max()));
   for (std::uint32_t b = 0x80000000u; b <= lo; b += 61) check(b);
   for (std::uint32_t b = 0; b < hi; b += 61) check(b);
-  EXPECT_LT(worst, 1.2e-7) << "at x = " << at;
+  return {worst, at};
+}
+
+TEST(Math, FastExpFloatRelativeError) {
+  const auto [full, at_full] = float_exp_error<ExpAccuracy::full>();
+  EXPECT_LT(full, 1.2e-7) << "at x = " << at_full;  // 1.0e-7 measured
+  const auto [short16, at_short16] = float_exp_error<ExpAccuracy::input16>();
+  EXPECT_LT(short16, 3.0e-6) << "at x = " << at_short16;  // 2.9e-6 measured
+  EXPECT_GT(short16, full);                               // the shorter polynomial is the one taken
 }
 
 // double: a grid of 1.9 M points over [lo, ln(DBL_MAX)] against long double: 1.8e-16 measured.
@@ -46,54 +60,64 @@ TEST(Math, FastExpDoubleRelativeError) {
   EXPECT_LT(worst, 2.5e-16) << "at x = " << at;
 }
 
-template <class T>
+template <class T, ExpAccuracy A = ExpAccuracy::full>
 void expect_exp_specials() {
   const T inf = std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
-  EXPECT_EQ(fast_exp(-inf), T(0));
-  EXPECT_EQ(fast_exp(inf), inf);
-  EXPECT_TRUE(std::isnan(fast_exp(nan)));
-  EXPECT_TRUE(std::isnan(fast_exp(-nan)));
-  EXPECT_EQ(fast_exp(T(0)), T(1));
-  EXPECT_EQ(fast_exp(-std::numeric_limits<T>::max()), T(0));
-  EXPECT_EQ(fast_exp(std::numeric_limits<T>::max()), inf);
+  auto exp = [](T x) { return fast_exp<A>(x); };
+  EXPECT_EQ(exp(-inf), T(0));
+  EXPECT_EQ(exp(inf), inf);
+  EXPECT_TRUE(std::isnan(exp(nan)));
+  EXPECT_TRUE(std::isnan(exp(-nan)));
+  EXPECT_EQ(exp(T(0)), T(1));
+  EXPECT_EQ(exp(-std::numeric_limits<T>::max()), T(0));
+  EXPECT_EQ(exp(std::numeric_limits<T>::max()), inf);
   // Below lo: flushed to 0, never a subnormal or garbage from the scale's bits.
   const T lo = std::is_same_v<T, float> ? T(-86.98) : T(-708.0);
-  EXPECT_EQ(fast_exp(std::nextafter(lo, -inf)), T(0));
-  EXPECT_GT(fast_exp(lo), T(0));
-  EXPECT_GE(fast_exp(lo), std::numeric_limits<T>::min());
+  EXPECT_EQ(exp(std::nextafter(lo, -inf)), T(0));
+  EXPECT_GT(exp(lo), T(0));
+  EXPECT_GE(exp(lo), std::numeric_limits<T>::min());
   // Up to overflow: finite, then +inf.
   const T top = std::log(std::numeric_limits<T>::max());
-  EXPECT_TRUE(std::isfinite(fast_exp(std::nextafter(top, T(0)) - T(1e-3) * top / T(100))));
-  EXPECT_EQ(fast_exp(top + T(1)), inf);
+  EXPECT_TRUE(std::isfinite(exp(std::nextafter(top, T(0)) - T(1e-3) * top / T(100))));
+  EXPECT_EQ(exp(top + T(1)), inf);
 }
 
 TEST(Math, FastExpSpecialValues) {
   expect_exp_specials<float>();
+  expect_exp_specials<float, ExpAccuracy::input16>();
   expect_exp_specials<double>();
 }
 
 // fast_exp_no_overflow is fast_exp without the overflow select: the same bits for every x <= 89 (every 61st
-// float from -inf up, and every double of a grid), and for -inf and NaN.
-TEST(Math, FastExpNoOverflowSameBitsInRange) {
+// float from -inf up, and every double of a grid), and for -inf and NaN; at both accuracies.
+template <ExpAccuracy A>
+void expect_no_overflow_same_bits() {
   using vpce::impl::as_bits;
   using vpce::impl::fast_exp_no_overflow;
   std::uint64_t checked = 0;
   auto same_f = [&](float x) {
     ++checked;
-    return as_bits(fast_exp_no_overflow(x)) == as_bits(fast_exp(x));
+    return as_bits(fast_exp_no_overflow<A>(x)) == as_bits(fast_exp<A>(x));
   };
   const std::uint32_t top = as_bits(89.0f);
   for (std::uint32_t b = 0x80000000u; b <= 0xff800000u; b += 61) ASSERT_TRUE(same_f(vpce::impl::from_bits(b))) << b;
   for (std::uint32_t b = 0; b <= top; b += 61) ASSERT_TRUE(same_f(vpce::impl::from_bits(b))) << b;
   EXPECT_GT(checked, 40000000u);
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(fast_exp_no_overflow<A>(-inf), 0.0f);
+  EXPECT_EQ(fast_exp_no_overflow<A>(89.0f), fast_exp<A>(89.0f));
+  EXPECT_TRUE(std::isnan(fast_exp_no_overflow<A>(std::numeric_limits<float>::quiet_NaN())));
+}
+
+TEST(Math, FastExpNoOverflowSameBitsInRange) {
+  using vpce::impl::as_bits;
+  using vpce::impl::fast_exp_no_overflow;
+  expect_no_overflow_same_bits<ExpAccuracy::full>();
+  expect_no_overflow_same_bits<ExpAccuracy::input16>();
   for (double x = -800.0; x <= 710.0; x += 1.37e-3) {
     ASSERT_EQ(as_bits(fast_exp_no_overflow(x)), as_bits(fast_exp(x))) << x;
   }
-  const float inf = std::numeric_limits<float>::infinity();
-  EXPECT_EQ(fast_exp_no_overflow(-inf), 0.0f);
-  EXPECT_EQ(fast_exp_no_overflow(-double(inf)), 0.0);
-  EXPECT_EQ(fast_exp_no_overflow(89.0f), fast_exp(89.0f));
-  EXPECT_TRUE(std::isnan(fast_exp_no_overflow(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_EQ(fast_exp_no_overflow(-std::numeric_limits<double>::infinity()), 0.0);
   EXPECT_TRUE(std::isnan(fast_exp_no_overflow(-std::numeric_limits<double>::quiet_NaN())));
 }
 

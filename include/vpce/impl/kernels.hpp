@@ -67,6 +67,11 @@ KOKKOS_FORCEINLINE_FUNCTION T nan_or_zero(T x) {
 template <class S>
 inline constexpr int sum_lanes = sizeof(S) == 2 ? 32 : 16;
 
+/// The exps per element of logits stored as S (math.hpp's ExpAccuracy): a 16-bit S takes the shorter
+/// polynomial, whose error is far below what its 8 or 11 bits carry.
+template <class S>
+inline constexpr ExpAccuracy exp_accuracy = sizeof(S) == 2 ? ExpAccuracy::input16 : ExpAccuracy::full;
+
 /// Columns per chunk of the host's one-pass statistics: 16 KiB of floats, so the chunk is still in L1 for
 /// its exp loop. (512 columns measured slower: per-chunk reductions; a whole row no faster.)
 inline constexpr std::int64_t chunk_cols = 4096;
@@ -258,7 +263,7 @@ struct HostInner {
       fill(n, y, v, ahead);
     } else {
       alignas(64) G line[lanes];
-      auto form = [&](std::int64_t j) { round_line(line, v, j); };  // line = columns [j, j + lanes)
+      auto form = [&](std::int64_t j) { round_line(line, v, j); };                // line = columns [j, j + lanes)
       const std::int64_t head = (lanes - off / std::int64_t(sizeof(G))) % lanes;  // columns before y's first line
       if (head > 0) {
         form(0);
@@ -298,14 +303,14 @@ struct HostInner {
   /// is the row z reads (in place, logits of the compute type; not with `entropy`): each exp is stored over the
   /// logit it comes from, and a chunk done again takes its terms from the values stored (again()). `ahead`: the
   /// row z reads, prefetched (stream.hpp); `pace`: told the columns read as the exps' loops go (NoPace).
-  template <class T, int Lanes, class Z, class X, class ChunkMax, Hint H, class P = NoPace>
+  template <class T, int Lanes, ExpAccuracy A, class Z, class X, class ChunkMax, Hint H, class P = NoPace>
   KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online_stats(std::int64_t n, const Z& z, const X& x, bool sum_x,
                                                           const T* weights, bool entropy, T* exps, bool over_logits,
                                                           const ChunkMax& chunk_max, const Ahead<H>& ahead,
                                                           const P& pace = P{}) const {
-    if (entropy) return online<2, false, T, Lanes>(n, z, x, sum_x, weights, exps, chunk_max, ahead, pace);
-    if (over_logits) return online<1, true, T, Lanes>(n, z, x, sum_x, weights, exps, chunk_max, ahead, pace);
-    return online<1, false, T, Lanes>(n, z, x, sum_x, weights, exps, chunk_max, ahead, pace);
+    if (entropy) return online<2, false, T, Lanes, A>(n, z, x, sum_x, weights, exps, chunk_max, ahead, pace);
+    if (over_logits) return online<1, true, T, Lanes, A>(n, z, x, sum_x, weights, exps, chunk_max, ahead, pace);
+    return online<1, false, T, Lanes, A>(n, z, x, sum_x, weights, exps, chunk_max, ahead, pace);
   }
 
  private:
@@ -326,7 +331,8 @@ struct HostInner {
   }
 
   /// online_stats with K = 1 (s) or 2 (s and h) sums, the exps stored over the logits if OverLogits.
-  template <int K, bool OverLogits, class T, int Lanes, class Z, class X, class ChunkMax, Hint H, class P>
+  template <int K, bool OverLogits, class T, int Lanes, ExpAccuracy A, class Z, class X, class ChunkMax, Hint H,
+            class P>
   KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online(std::int64_t n, const Z& z, const X& x, bool sum_x,
                                                     const T* weights, T* exps, const ChunkMax& chunk_max,
                                                     const Ahead<H>& ahead, const P& pace) const {
@@ -349,7 +355,7 @@ struct HostInner {
       if (m != neg_inf<T>()) {
         T cz;
         const Terms<T, K> sc =
-            exp_sums<K, true, Lanes, OverLogits>(len, zc, x, yc, m, &cz, ahead.from(j0), PaceFrom<P>{pace, j0});
+            exp_sums<K, true, Lanes, A, OverLogits>(len, zc, x, yc, m, &cz, ahead.from(j0), PaceFrom<P>{pace, j0});
         const T m_new = cz > zmax ? x(cz) : m;
         if (m_new - m <= T(80)) {
           if (yc != nullptr) chunk_max(j0 / chunk_cols, m);  // what the stored exps are relative to
@@ -364,7 +370,7 @@ struct HostInner {
         const double e = double(fast_exp(m - m_new));
         if constexpr (K == 2) acc_h = (acc_h + double(m - m_new) * acc) * e;
         acc *= e;
-        const Terms<T, K> sa = again<K, OverLogits, Lanes>(len, zc, x, yc, m, m_new - m);
+        const Terms<T, K> sa = again<K, OverLogits, Lanes, A>(len, zc, x, yc, m, m_new - m);
         acc += double(sa.v[0]);
         if constexpr (K == 2) acc_h += double(sa.v[1]);
         m = m_new;
@@ -381,7 +387,7 @@ struct HostInner {
       }
       T unused;
       const Terms<T, K> sc =
-          exp_sums<K, false, Lanes>(len, zc, x, yc, m, &unused, ahead.from(j0), PaceFrom<P>{pace, j0});
+          exp_sums<K, false, Lanes, A>(len, zc, x, yc, m, &unused, ahead.from(j0), PaceFrom<P>{pace, j0});
       acc += double(sc.v[0]);
       if constexpr (K == 2) acc_h += double(sc.v[1]);
       if (yc != nullptr) chunk_max(j0 / chunk_cols, m);
@@ -394,7 +400,7 @@ struct HostInner {
   /// by more than 80, online() discards the chunk's terms and does them again (again()), so exp never
   /// overflows in a result that is kept. `Mark` (the exps stored over the logits): where u = x_j - m > 80, -u
   /// is stored instead of e, for again() (an exp is never negative).
-  template <int K, bool Store, bool Mark, class T, class Z, class X>
+  template <int K, bool Store, bool Mark, ExpAccuracy A, class T, class Z, class X>
   struct ExpTerms {
     const Z& z;
     const X& x;
@@ -402,7 +408,7 @@ struct HostInner {
     T m;
     KOKKOS_FORCEINLINE_FUNCTION Terms<T, K> operator()(std::int64_t j) const {
       const T u = x(z(j)) - m;
-      const T e = fast_exp_no_overflow(u);
+      const T e = fast_exp_no_overflow<A>(u);
       if constexpr (Store) y[j] = Mark ? select(u > T(80), -u, e) : e;
       if constexpr (K == 1) {
         return {{e}};
@@ -416,7 +422,8 @@ struct HostInner {
   /// with `Mark`); with `WithMax` also *cz = the max of z over the same columns, in the same pass (m is then
   /// finite). With m = -inf (every logit so far -inf or NaN) the sums are 0 -- s NaN if a NaN hides among
   /// them -- and y gets zeros.
-  template <int K, bool WithMax, int Lanes, bool Mark = false, class T, class Z, class X, Hint H, class P>
+  template <int K, bool WithMax, int Lanes, ExpAccuracy A, bool Mark = false, class T, class Z, class X, Hint H,
+            class P>
   KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN Terms<T, K> exp_sums(std::int64_t len, const Z& z, const X& x, T* y, T m,
                                                                 T* cz, const Ahead<H>& ahead, const P& pace) const {
     auto no_max = [](std::int64_t) { return neg_inf<T>(); };
@@ -442,9 +449,9 @@ struct HostInner {
       }
     };
     if (y == nullptr) {
-      return sums_max<T, K, Lanes>(len, ExpTerms<K, false, false, T, Z, X>{z, x, y, m}, g, cz, ahead, pace);
+      return sums_max<T, K, Lanes>(len, ExpTerms<K, false, false, A, T, Z, X>{z, x, y, m}, g, cz, ahead, pace);
     }
-    return sums_max<T, K, Lanes>(len, ExpTerms<K, true, Mark, T, Z, X>{z, x, y, m}, g, cz,
+    return sums_max<T, K, Lanes>(len, ExpTerms<K, true, Mark, A, T, Z, X>{z, x, y, m}, g, cz,
                                  ahead.template as<Hint::l1>(), pace);
   }
 
@@ -453,12 +460,12 @@ struct HostInner {
   /// factors: exp(-d) alone may be below the normal range where exp(u - d) is not). FromStored: from the
   /// values the first pass stored in y over the logits (ExpTerms' `Mark`: exp(u), or -u where u > 80); else
   /// from the logits, with the same bits.
-  template <int K, bool FromStored, int Lanes, class T, class Z, class X>
+  template <int K, bool FromStored, int Lanes, ExpAccuracy A, class T, class Z, class X>
   KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN Terms<T, K> again(std::int64_t len, const Z& z, const X& x, T* y, T m,
                                                              T d) const {
     static_assert(!FromStored || K == 1, "the entropy's sum needs x - m beside each stored exp");
     const T half = fast_exp(d * T(-0.5));
-    auto exp_again = [&](T u, T e0, bool big) { return select(big, fast_exp_no_overflow(u - d), e0 * half * half); };
+    auto exp_again = [&](T u, T e0, bool big) { return select(big, fast_exp_no_overflow<A>(u - d), e0 * half * half); };
     // Each lambda below forms its Terms in its return statement: GCC leaves the loop scalar where a Terms is
     // copied out of a named one ("more than one data ref").
     auto terms = [&](T e, T u) -> Terms<T, K> {
@@ -487,7 +494,7 @@ struct HostInner {
           len,
           [&](std::int64_t j) {
             const T u = x(z(j)) - m;
-            return terms(exp_again(u, fast_exp_no_overflow(u), u > T(80)), u);
+            return terms(exp_again(u, fast_exp_no_overflow<A>(u), u > T(80)), u);
           },
           no_max, &unused);
     }
@@ -495,7 +502,7 @@ struct HostInner {
         len,
         [&](std::int64_t j) {
           const T u = x(z(j)) - m;
-          const T e = exp_again(u, fast_exp_no_overflow(u), u > T(80));
+          const T e = exp_again(u, fast_exp_no_overflow<A>(u), u > T(80));
           y[j] = e;
           return terms(e, u);
         },
@@ -604,7 +611,7 @@ struct TeamInner {
   /// far moved to a new max, rarely after the first groups) their exps against it: one exp per column, the K
   /// exps independent of each other. As the host's online_stats: a -inf logit adds nothing, a NaN makes s NaN,
   /// h and sx only where asked for.
-  template <int K, class T, class Z, class X>
+  template <int K, ExpAccuracy A, class T, class Z, class X>
   KOKKOS_FORCEINLINE_FUNCTION static void add_group(std::int64_t j, std::int64_t nt, const Z& z, const X& x,
                                                     const T* weights, bool sum_x, bool entropy, OnlineStats<T>& a) {
     T zv[K], xv[K];
@@ -618,7 +625,7 @@ struct TeamInner {
     if (gx > a.m) merge_msh(a.m, a.s, a.h, gx, T(0), T(0), a.m, a.s, a.h);
     for (int u = 0; u < K; ++u) {
       const T d = xv[u] - a.m;
-      const T e = select(xv[u] == neg_inf<T>(), T(0), fast_exp_no_overflow(d));
+      const T e = select(xv[u] == neg_inf<T>(), T(0), fast_exp_no_overflow<A>(d));
       a.s += e;
       if (entropy) a.h += select(e == T(0), T(0), e * d);
       if (sum_x) a.sx += weights != nullptr ? weights[j + u * nt] * xv[u] : xv[u];
@@ -685,7 +692,7 @@ struct TeamInner {
   /// statistics over its columns (add_group: per chunk in T, ThreadTotal across chunks), merged across the
   /// team. No exps are stored (exps and chunk_max are not used): Finalize recomputes them from the logits,
   /// which keeps the device's pass count at 2 reads + 1 write.
-  template <class T, int /*Lanes*/, class Z, class X, class ChunkMax, Hint H, class P = NoPace>
+  template <class T, int /*Lanes*/, ExpAccuracy A, class Z, class X, class ChunkMax, Hint H, class P = NoPace>
   KOKKOS_FORCEINLINE_FUNCTION OnlineStats<T> online_stats(std::int64_t n, const Z& z, const X& x, bool sum_x,
                                                           const T* weights, bool entropy, T* /*exps*/,
                                                           bool /*over_logits*/, const ChunkMax& /*chunk_max*/,
@@ -695,9 +702,9 @@ struct TeamInner {
     chunks(
         n, OnlineStats<T>{neg_inf<T>(), T(0), neg_inf<T>(), T(0), T(0)},
         [&](std::int64_t j, std::int64_t nt, OnlineStats<T>& acc) {
-          add_group<unroll>(j, nt, zt, x, weights, sum_x, entropy, acc);
+          add_group<unroll, A>(j, nt, zt, x, weights, sum_x, entropy, acc);
         },
-        [&](std::int64_t j, OnlineStats<T>& acc) { add_group<1>(j, 0, zt, x, weights, sum_x, entropy, acc); },
+        [&](std::int64_t j, OnlineStats<T>& acc) { add_group<1, A>(j, 0, zt, x, weights, sum_x, entropy, acc); },
         [&](const OnlineStats<T>& acc) { total.add(acc); });
     OnlineStats<T> r{total.m, T(total.s), total.zmax, T(total.sx), T(total.h)};
     member.team_reduce(OnlineReducer<T>(r));
@@ -752,10 +759,10 @@ struct Params {
   T scale = 1;  ///< logit_scale
   T cap = 0;    ///< softcap (0: off)
   T inv_cap = 0;
-  T alpha = 0;      ///< label smoothing
-  T zeta = 0;       ///< z-loss
-  T inv_vocab = 0;  ///< 1 / V (global)
-  T beta = 0;       ///< entropy_weight
+  T alpha = 0;           ///< label smoothing
+  T zeta = 0;            ///< z-loss
+  T inv_vocab = 0;       ///< 1 / V (global)
+  T beta = 0;            ///< entropy_weight
   bool entropy = false;  ///< the records carry h (Options::entropy or an entropy_weight)
   /// Class weights of the GLOBAL vocabulary (column begin + j is this rank's column j), or nullptr; their
   /// sum over V (W / V).
@@ -789,8 +796,8 @@ template <class S, class T, class MemSpace>
 struct KernelArgs {
   const S* x = nullptr;  ///< logits rows
   std::int64_t ld_x = 0;
-  std::int64_t n = 0;      ///< local vocabulary width
-  std::int64_t begin = 0;  ///< first global column of this rank
+  std::int64_t n = 0;                                   ///< local vocabulary width
+  std::int64_t begin = 0;                               ///< first global column of this rank
   Kokkos::View<const std::int64_t*, MemSpace> targets;  ///< target ids (empty with probability targets)
   Params<T> p;
   /// Probability targets (Options::probability_targets): every row counts, no row has a target column; q:
@@ -810,8 +817,8 @@ struct KernelArgs {
 /// t = sum w_j q_j x_j (a q_j of 0 adds 0, also at a -inf logit), q = sum q_j, or -inf if some q_j < 0, and
 /// wq = sum w_j q_j: a pass for each (the row of q and the logits' row from cache after the first).
 template <class T, class Inner, class Q, class X>
-KOKKOS_INLINE_FUNCTION void probability_sums(const Inner& in, std::int64_t n, const Q& q, const X& x, const T* w,
-                                             T* t, T* qs, T* wq) {
+KOKKOS_INLINE_FUNCTION void probability_sums(const Inner& in, std::int64_t n, const Q& q, const X& x, const T* w, T* t,
+                                             T* qs, T* wq) {
   auto qx = [&](T qj, std::int64_t j) { return select(qj == T(0), T(0), qj * x(j)); };
   if (w != nullptr) {  // the branch outside the loops: inside, GCC leaves some of them scalar
     *t = in.template sum<T>(n, [&](std::int64_t j) { return qx(w[j] * q(j), j); });
@@ -874,7 +881,7 @@ class LocalStats {
     // no exps, so that no copy of the loops assumes x null.
     bool over_logits = false;
     if constexpr (std::is_same_v<S, T>) over_logits = e != nullptr && e == x;
-    const OnlineStats<T> o = in.template online_stats<T, sum_lanes<S>>(
+    const OnlineStats<T> o = in.template online_stats<T, sum_lanes<S>, exp_accuracy<S>>(
         m_a.n, [&](std::int64_t j) { return to_compute(x[j]); }, [&](T z) { return p.template transform<Capped>(z); },
         smoothing, p.weights == nullptr ? nullptr : p.weights + m_a.begin, p.entropy, e, over_logits,
         [&](std::int64_t chunk, T m) { m_chunk_max(i, chunk) = m; }, Ahead<read_hint<S>>::of(x), pace);
@@ -925,23 +932,22 @@ class LocalSumGather {
       s = in.template sum<T>(m_a.n, [&](std::int64_t j) { return nan_or_zero(to_compute(x[j])); });
     } else {
       s = in.template sum<T>(m_a.n, [&](std::int64_t j) {
-        return fast_exp_no_overflow(p.template transform<Capped>(to_compute(x[j])) - m);
+        return fast_exp_no_overflow<exp_accuracy<S>>(p.template transform<Capped>(to_compute(x[j])) - m);
       });
     }
     T sum_x = 0;
     if (p.alpha > T(0) && p.weights != nullptr) {
       const T* w = p.weights + m_a.begin;
-      sum_x = in.template sum<T>(
-          m_a.n, [&](std::int64_t j) { return w[j] * p.template transform<Capped>(to_compute(x[j])); });
+      sum_x = in.template sum<T>(m_a.n,
+                                 [&](std::int64_t j) { return w[j] * p.template transform<Capped>(to_compute(x[j])); });
     } else if (p.alpha > T(0)) {
-      sum_x =
-          in.template sum<T>(m_a.n, [&](std::int64_t j) { return p.template transform<Capped>(to_compute(x[j])); });
+      sum_x = in.template sum<T>(m_a.n, [&](std::int64_t j) { return p.template transform<Capped>(to_compute(x[j])); });
     }
     T h = 0;  // the entropy's sum of e (x - m) against the global max (a finite one; else the row is marked)
     if (p.entropy && m != neg_inf<T>() && !seed_max_is_marked(m)) {
       h = in.template sum<T>(m_a.n, [&](std::int64_t j) {
         const T u = p.template transform<Capped>(to_compute(x[j])) - m;
-        const T e = fast_exp_no_overflow(u);
+        const T e = fast_exp_no_overflow<exp_accuracy<S>>(u);
         return select(e == T(0), T(0), e * u);
       });
     }
@@ -1097,7 +1103,13 @@ class Finalize {
   Finalize(const KernelArgs<S, T, MemSpace>& args, const Records<const T, MemSpace>& stats,
            const LossOut<T, MemSpace>& out, const RowPtr<G>& y, const GradScale<T, MemSpace>& g,
            const Kokkos::View<T*, MemSpace>& stash_target, const StoredExps<T, MemSpace>& stored, Store store)
-      : m_a(args), m_stats(stats), m_out(out), m_y(y), m_g(g), m_stash_target(stash_target), m_stored(stored),
+      : m_a(args),
+        m_stats(stats),
+        m_out(out),
+        m_y(y),
+        m_g(g),
+        m_stash_target(stash_target),
+        m_stored(stored),
         m_store(store) {}
   /// The same rows, their stored exps read at exps.row(i) instead.
   KOKKOS_INLINE_FUNCTION Finalize with_exps(const RowPtr<const T>& exps) const {
@@ -1204,7 +1216,7 @@ class Finalize {
       k.x = m_a.x + i * m_a.ld_x;
       k.gi = What == Write::stash ? T(1) : (k.valid ? m_g(i) : T(0));
       k.kp = k.gi * (k.c_lse + T(2) * p.zeta * k.l);  // coefficient of p_j
-      k.ka = k.gi * p.alpha * p.inv_vocab;          // smoothing term, every column (times w_j if weighted)
+      k.ka = k.gi * p.alpha * p.inv_vocab;            // smoothing term, every column (times w_j if weighted)
       k.kt = weighted ? k.gi * (T(1) - p.alpha) * k.w_t : k.gi * (T(1) - p.alpha);  // target term
       k.c = m_a.local_target(i);
       // The target's dx/dz, from its x read before the row (which may alias the logits) is overwritten.
@@ -1237,11 +1249,11 @@ class Finalize {
           },
           fix_at, fix, m_store, Ahead<read_hint<S>>::of(x));
     };
-    auto softmax = [&](T xj) { return fast_exp_no_overflow(xj - l) * kp; };
+    auto softmax = [&](T xj) { return fast_exp_no_overflow<exp_accuracy<S>>(xj - l) * kp; };
     // The entropy's term p_j beta (mu - x_j): 0 where p_j is 0 (a -inf logit).
     const T kb = gi * p.beta;
     auto entropic = [&](T xj) {
-      const T e = fast_exp_no_overflow(xj - l);
+      const T e = fast_exp_no_overflow<exp_accuracy<S>>(xj - l);
       return select(e == T(0), T(0), e * (kp + kb * (mu - (xj - r.m))));
     };
     // The terms of the target distribution at column j: A w_j / V, and with probability targets
@@ -1338,8 +1350,8 @@ class Finalize {
         const ChunkK ck = chunk_k(k, j0);
         const T* ec = er + j0;
         in.store(
-            j1 - j0, k.yr + j0, [&](std::int64_t j) { return term(ec[j], j0 + j, ck) - smooth(j0 + j); },
-            k.fix_at - j0, G(k.fix), m_store, {}, fence && j1 == b);
+            j1 - j0, k.yr + j0, [&](std::int64_t j) { return term(ec[j], j0 + j, ck) - smooth(j0 + j); }, k.fix_at - j0,
+            G(k.fix), m_store, {}, fence && j1 == b);
       }
     });
   }

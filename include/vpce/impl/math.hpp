@@ -6,11 +6,12 @@
 /// exp(x) = 2^n * p(r). n = round(x / ln2) by adding the magic constant 1.5 * 2^k (floor() kept GCC 12 from
 /// vectorising); n then also sits in the low bits of that sum, and the scale is built from those bits with
 /// integer operations (no float-to-int conversion, undefined for NaN). r = x - n ln2 in two parts
-/// (Cody-Waite); p approximates exp on |r| <= ln2/2 (float: a degree-6 minimax-like polynomial, double: the
-/// degree-13 Taylor polynomial) with its coefficients doubled and the scale 2^(n-1): the same bits as
-/// p * 2^n, with a finite scale up to n = 128 (1024). Out of range: x < lo gives 0 (results below ~1.5x the
-/// smallest normal number are flushed), x > hi gives +inf. Largest relative error over [lo, ln(max)]
-/// (unit_tests/test_math.cpp): 1.0e-7 for float (every 7th float: 8.8e-8), 1.8e-16 for double.
+/// (Cody-Waite); p approximates exp on |r| <= ln2/2 (float: a degree-6 minimax-like polynomial, or degree 4
+/// for 16-bit logits, see ExpAccuracy; double: the degree-13 Taylor polynomial) with its coefficients
+/// doubled and the scale 2^(n-1): the same bits as p * 2^n, with a finite scale up to n = 128 (1024). Out of
+/// range: x < lo gives 0 (results below ~1.5x the smallest normal number are flushed), x > hi gives +inf.
+/// Largest relative error over [lo, ln(max)] (unit_tests/test_math.cpp): 1.0e-7 for float (every 7th
+/// float: 8.8e-8), 2.9e-6 for float with ExpAccuracy::input16, 1.8e-16 for double.
 ///
 /// The range checks are integer selects (bits.hpp), not branches: GCC vectorises the loops for SSE4.2 and
 /// AVX2 as well as AVX-512, under the default -ftrapping-math (checked by the vpce_vectorized test).
@@ -23,10 +24,21 @@
 
 namespace vpce::impl {
 
+/// How accurate an exp a kernel needs. `full`: float's own accuracy (largest relative error 1.0e-7), for
+/// logits of 4 or 8 bytes. `input16`: for logits stored in 16 bits (bfloat16, float16), whose values carry
+/// 8 or 11 bits and whose gradients are rounded to them: a degree-4 polynomial, two FMAs fewer per element
+/// (7-18% off bfloat16 and float16 calls on an AMD Zen 5, where those exps bind them: perf_tests/NOTES.md,
+/// eighteenth round), largest relative error 2.9e-6 (1/1300 of bfloat16's own rounding, 1/170 of
+/// float16's; its mean over the range 3e-8), exp(0) = 1 exactly: a row's loss moves by at most 2.9e-6 nats
+/// against `full`. Only the exps per element take it: the merges of maxima (exp(m1 - m2), once per chunk or
+/// record) stay `full`. Double ignores it.
+enum class ExpAccuracy { full, input16 };
+
 /// fast_exp without its overflow check, for arguments that cannot overflow: x - max, x - lse, the difference
 /// of two maxima. For x <= 89 and for -inf and NaN it gives fast_exp's bits; above, its result is unspecified
 /// (+inf, a finite number or -0: callers that may pass such x discard the result). The overflow select is
 /// ~20% of the exp's time in a vectorised exp-and-sum loop.
+template <ExpAccuracy A = ExpAccuracy::full>
 KOKKOS_FORCEINLINE_FUNCTION float fast_exp_no_overflow(float x) {
   constexpr float lo = -86.98f;         // n >= -125: 2^(n-1) is a normal number
   constexpr float magic = 12582912.0f;  // 1.5 * 2^23
@@ -34,15 +46,25 @@ KOKKOS_FORCEINLINE_FUNCTION float fast_exp_no_overflow(float x) {
   const float n = t - magic;
   float r = x - n * 0.693145751953125f;
   r = r - n * 1.42860682030941723212e-6f;
-  // 2 exp(r) by a degree-6 polynomial fitted for the least largest relative error on |r| <= ln2/2 (1.9e-9
-  // before rounding; the degree-7 Taylor polynomial it replaced: 7e-9, one FMA more).
-  float p = 0.0027673691511154175f;
-  p = p * r + 0.016749631613492966f;
-  p = p * r + 0.08333645015954971f;
-  p = p * r + 0.33332839608192444f;
-  p = p * r + 0.9999998211860657f;
-  p = p * r + 2.0f;
-  p = p * r + 2.0f;
+  float p;
+  if constexpr (A == ExpAccuracy::full) {
+    // 2 exp(r) by a degree-6 polynomial fitted for the least largest relative error on |r| <= ln2/2 (1.9e-9
+    // before rounding; the degree-7 Taylor polynomial it replaced: 7e-9, one FMA more).
+    p = 0.0027673691511154175f;
+    p = p * r + 0.016749631613492966f;
+    p = p * r + 0.08333645015954971f;
+    p = p * r + 0.33332839608192444f;
+    p = p * r + 0.9999998211860657f;
+    p = p * r + 2.0f;
+    p = p * r + 2.0f;
+  } else {
+    // Degree 4, fitted the same way with its constant held at 2 (exp(0) = 1): 2.8e-6 before rounding.
+    p = 0.08302771f;
+    p = p * r + 0.3357495f;
+    p = p * r + 1.0000603f;
+    p = p * r + 1.9999337f;
+    p = p * r + 2.0f;
+  }
   // The low bits of t hold n (two's complement) for |n| < 2^22; below lo the select below wins (above 89,
   // fast_exp's).
   const float scale = from_bits(std::uint32_t((as_bits(t) - as_bits(magic) + 126u) << 23));
@@ -50,12 +72,14 @@ KOKKOS_FORCEINLINE_FUNCTION float fast_exp_no_overflow(float x) {
   return select(x < lo, 0.0f, e);
 }
 
+template <ExpAccuracy A = ExpAccuracy::full>
 KOKKOS_FORCEINLINE_FUNCTION float fast_exp(float x) {
   constexpr float hi = 89.0f;  // n <= 128: 2^(n-1) is finite (exp(88.73) already overflows)
-  return select(x > hi, from_bits(0x7f800000u), fast_exp_no_overflow(x));
+  return select(x > hi, from_bits(0x7f800000u), fast_exp_no_overflow<A>(x));
 }
 
-/// As for float, for x <= 710.
+/// As for float, for x <= 710 (always `full`).
+template <ExpAccuracy = ExpAccuracy::full>
 KOKKOS_FORCEINLINE_FUNCTION double fast_exp_no_overflow(double x) {
   constexpr double lo = -708.0;                 // n >= -1021
   constexpr double magic = 6755399441055744.0;  // 1.5 * 2^52
@@ -82,6 +106,7 @@ KOKKOS_FORCEINLINE_FUNCTION double fast_exp_no_overflow(double x) {
   return select(x < lo, 0.0, e);
 }
 
+template <ExpAccuracy = ExpAccuracy::full>
 KOKKOS_FORCEINLINE_FUNCTION double fast_exp(double x) {
   constexpr double hi = 710.0;  // n <= 1024
   return select(x > hi, from_bits(std::uint64_t(0x7ff0000000000000u)), fast_exp_no_overflow(x));
