@@ -169,6 +169,11 @@ configure_vpce() {
   args+=(-DVPCE_CLANG_TIDY_CACHE="$VPCE_CACHE/clang-tidy")  # clean clang-tidy results (the vpce_clang_tidy test)
   if command -v ccache >/dev/null 2>&1; then
     export CCACHE_DIR=${CCACHE_DIR:-$VPCE_CACHE/ccache}
+    # Hits across clones at other paths (CI clones afresh): ccache hashes, and hands the compiler, the paths
+    # under the clone relative to the build folder, and leaves the folder out of the -g builds' hash. So
+    # __FILE__ in vpce's error locations reads ../include/... in these builds, and the debug information of
+    # an object reused from another clone names that clone's build folder.
+    export CCACHE_BASEDIR=$VPCE_SRC CCACHE_NOHASHDIR=1
     args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
   fi
   # shellcheck disable=SC2206
