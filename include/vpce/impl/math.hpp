@@ -27,7 +27,7 @@ namespace vpce::impl {
 /// How accurate an exp a kernel needs. `full`: float's own accuracy (largest relative error 1.0e-7), for
 /// logits of 4 or 8 bytes. `input16`: for logits stored in 16 bits (bfloat16, float16), whose values carry
 /// 8 or 11 bits and whose gradients are rounded to them: a degree-4 polynomial, two FMAs fewer per element
-/// (7-18% off bfloat16 and float16 calls on an AMD Zen 5, where those exps bind them: perf_tests/NOTES.md,
+/// (6-18% off bfloat16 and float16 calls on an AMD Zen 5, where those exps bind them: perf_tests/NOTES.md,
 /// eighteenth round), largest relative error 2.9e-6 (1/1300 of bfloat16's own rounding, 1/170 of
 /// float16's; its mean over the range 3e-8), exp(0) = 1 exactly: a row's loss moves by at most 2.9e-6 nats
 /// against `full`. Only the exps per element take it: the merges of maxima (exp(m1 - m2), once per chunk or
