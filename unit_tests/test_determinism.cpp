@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "test_utils.hpp"
+#include "vpce/definitions.hpp"  // the bfloat16 Kokkos::Serial instance (float, double: serial_instances.cpp)
 
 namespace {
 

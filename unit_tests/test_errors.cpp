@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "test_utils.hpp"
+#include "vpce/impl/fused_strategy.hpp"  // fused_chains, loss_block_factor
 
 // ---------------------------------------------------------------------------------------------------------
 // Counting MPI calls: this executable defines the MPI functions a library could communicate with, counts

@@ -21,8 +21,17 @@
 #include <utility>
 #include <vector>
 
-#include "vpce/definitions.hpp"  // Kokkos::Serial instances (the library has the default space's)
+#include "vpce/impl/collective.hpp"  // StatsReduction's exchange threshold
 #include "vpce/vpce.hpp"
+
+#if defined(KOKKOS_ENABLE_SERIAL) && !defined(KOKKOS_ENABLE_DEFAULT_DEVICE_TYPE_SERIAL)
+// The typed tests' Kokkos::Serial configurations are instantiated once, in serial_instances.cpp (the library
+// has the default space's): compiling the kernels in every test's translation unit made a kernel change
+// recompile them ~14 times per build. A test that needs Serial for another scalar type includes
+// vpce/definitions.hpp itself.
+extern template class vpce::CrossEntropy<float, Kokkos::Serial>;
+extern template class vpce::CrossEntropy<double, Kokkos::Serial>;
+#endif
 
 namespace vpce_test {
 
