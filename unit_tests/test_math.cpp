@@ -45,7 +45,7 @@ TEST(Math, FastExpFloatRelativeError) {
   const auto [full, at_full] = float_exp_error<ExpAccuracy::full>();
   EXPECT_LT(full, 1.2e-7) << "at x = " << at_full;  // 1.0e-7 measured
   const auto [short16, at_short16] = float_exp_error<ExpAccuracy::input16>();
-  EXPECT_LT(short16, 3.0e-6) << "at x = " << at_short16;  // 2.9e-6 measured
+  EXPECT_LT(short16, 3.2e-6) << "at x = " << at_short16;  // 3.1e-6 measured with FMA, 2.9e-6 without
   EXPECT_GT(short16, full);                               // the shorter polynomial is the one taken
 }
 
