@@ -6,12 +6,12 @@
 /// exp(x) = 2^n * p(r). n = round(x / ln2) by adding the magic constant 1.5 * 2^k (floor() kept GCC 12 from
 /// vectorising); n then also sits in the low bits of that sum, and the scale is built from those bits with
 /// integer operations (no float-to-int conversion, undefined for NaN). r = x - n ln2 in two parts
-/// (Cody-Waite; for ExpAccuracy::input16 in one fused multiply-add where the build has them); p approximates exp on |r| <= ln2/2 (float: a degree-6 minimax-like polynomial, or degree 4
-/// for 16-bit logits, see ExpAccuracy; double: the degree-13 Taylor polynomial) with its coefficients
-/// doubled and the scale 2^(n-1): the same bits as p * 2^n, with a finite scale up to n = 128 (1024). Out of
-/// range: x < lo gives 0 (results below ~1.5x the smallest normal number are flushed), x > hi gives +inf.
-/// Largest relative error over [lo, ln(max)] (unit_tests/test_math.cpp): 1.0e-7 for float (every 7th
-/// float: 8.8e-8), 3.1e-6 for float with ExpAccuracy::input16 (2.9e-6 without FMA), 1.8e-16 for double.
+/// (Cody-Waite; for ExpAccuracy::input16 in one fused multiply-add where the build has them); p approximates exp on |r|
+/// <= ln2/2 (float: a degree-6 minimax-like polynomial, or degree 4 for 16-bit logits, see ExpAccuracy; double: the
+/// degree-13 Taylor polynomial) with its coefficients doubled and the scale 2^(n-1): the same bits as p * 2^n, with a
+/// finite scale up to n = 128 (1024). Out of range: x < lo gives 0 (results below ~1.5x the smallest normal number are
+/// flushed), x > hi gives +inf. Largest relative error over [lo, ln(max)] (unit_tests/test_math.cpp): 1.0e-7 for float
+/// (every 7th float: 8.8e-8), 3.1e-6 for float with ExpAccuracy::input16 (2.9e-6 without FMA), 1.8e-16 for double.
 ///
 /// The range checks are integer selects (bits.hpp), not branches: GCC vectorises the loops for SSE4.2 and
 /// AVX2 as well as AVX-512, under the default -ftrapping-math (checked by the vpce_vectorized test).
@@ -38,11 +38,11 @@ namespace vpce::impl {
 /// logits of 4 or 8 bytes. `input16`: for logits stored in 16 bits (bfloat16, float16), whose values carry
 /// 8 or 11 bits and whose gradients are rounded to them: a degree-4 polynomial, two FMAs fewer per element
 /// (6-18% off bfloat16 and float16 calls on an AMD Zen 5, where those exps bind them: perf_tests/NOTES.md,
-/// eighteenth round), and where the build has FMA a one-step reduction, one more fewer (nineteenth round:
+/// eighteenth round), and where the build has FMA a one-step reduction, one FMA fewer still (nineteenth round:
 /// the bfloat16 forward 6%, `loss_and_grad` 1-4% faster); largest relative error 3.1e-6 (2.9e-6 without
 /// FMA; 1/1200 of bfloat16's own rounding, 1/160 of float16's; its mean over the range 3e-8), exp(0) = 1
-/// exactly: a row's loss moves by at most 3.1e-6 nats against `full`. Only the exps per element take it: the merges of maxima (exp(m1 - m2), once per chunk or
-/// record) stay `full`. Double ignores it.
+/// exactly: a row's loss moves by at most 3.1e-6 nats against `full`. Only the exps per element take it: the merges of
+/// maxima (exp(m1 - m2), once per chunk or record) stay `full`. Double ignores it.
 enum class ExpAccuracy { full, input16 };
 
 /// fast_exp without its overflow check, for arguments that cannot overflow: x - max, x - lse, the difference
