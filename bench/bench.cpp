@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <optional>
 #include <sstream>
@@ -15,6 +16,10 @@
 #include "vpce/dtype.hpp"
 #include "vpce/impl/stream.hpp"
 #include "vpce/vpce.hpp"
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 namespace vpce::bench {
 
@@ -69,6 +74,31 @@ bool wanted(const Config& c, const std::string& name) {
   return false;
 }
 
+/// Advises the whole 2 MiB pages inside [p, p + bytes) MADV_HUGEPAGE (Linux; nothing elsewhere). Whether the
+/// kernel gave huge pages shows in the records' huge_page_share.
+void advise_huge_pages(void* p, std::size_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr std::size_t huge = std::size_t(2) << 20;
+  const std::size_t skip = (huge - reinterpret_cast<std::uintptr_t>(p) % huge) % huge;  // to the first boundary
+  if (bytes >= skip + huge) madvise(static_cast<char*>(p) + skip, (bytes - skip) / huge * huge, MADV_HUGEPAGE);
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
+/// The process's anonymous memory in transparent huge pages, in bytes (/proc/self/smaps_rollup); -1: unknown.
+double anon_huge_bytes() {
+  std::ifstream in("/proc/self/smaps_rollup");
+  std::string key;
+  double kib = 0;
+  while (in >> key) {
+    if (key == "AnonHugePages:" && in >> kib) return kib * 1024.0;
+    in.ignore(1 << 20, '\n');
+  }
+  return -1;
+}
+
 /// Deterministic pseudo-random logits shaped like an LM head's: triangular noise with a column bias.
 /// One flat index over all elements, so that device threads write consecutive addresses.
 template <class S>
@@ -96,8 +126,16 @@ std::vector<Record> run_typed(const Communicator& comm, const Config& cfg) {
   const auto part = VocabPartition::even(cfg.vocab, comm);
   const std::int64_t n = cfg.tokens, v = part.local_size(), v_max = part.max_local_size();
 
+  constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Exec::memory_space>::accessible;
+  VPCE_THROW_IF(cfg.huge_pages && !host, "bench: huge pages apply to host memory only (this build's space is " +
+                                             std::string(Exec::memory_space::name()) + ")");
+  const double huge_before = host ? anon_huge_bytes() : -1;
   Kokkos::View<S**, Kokkos::LayoutRight> logits(Kokkos::view_alloc(Kokkos::WithoutInitializing, "logits"), n, v);
   Kokkos::View<S**, Kokkos::LayoutRight> out(Kokkos::view_alloc(Kokkos::WithoutInitializing, "out"), n, v);
+  if (cfg.huge_pages) {  // before the first touch (fill, deep_copy below)
+    advise_huge_pages(logits.data(), logits.span() * sizeof(S));
+    advise_huge_pages(out.data(), out.span() * sizeof(S));
+  }
   Kokkos::View<std::int64_t*> targets("targets", n);
   Kokkos::View<T*> loss("loss", n);
   fill(logits, part.begin(), 12345);
@@ -107,12 +145,19 @@ std::vector<Record> run_typed(const Communicator& comm, const Config& cfg) {
       KOKKOS_LAMBDA(std::int64_t i) { targets(i) = std::int64_t((std::uint64_t(i) * 2654435761ull) % vocab); });
   Kokkos::deep_copy(out, S(T(0)));  // first touch
   Kokkos::fence();
+  // The share of the two buffers in huge pages (the smallest over the ranks; -1 where a rank cannot tell).
+  double huge_share = -1;
+  if (host) {
+    const double after = anon_huge_bytes(), buffers = 2.0 * double(logits.span()) * sizeof(S);
+    double mine =
+        huge_before < 0 || after < 0 || buffers == 0 ? -1 : std::clamp((after - huge_before) / buffers, 0.0, 1.0);
+    MPI_Allreduce(MPI_IN_PLACE, &mine, 1, MPI_DOUBLE, MPI_MIN, comm.comm());
+    huge_share = mine;
+  }
 
   const double elem_bytes = double(n) * double(v_max) * sizeof(S);
   std::vector<Record> recs;
-  auto add = [&](const std::string& name, double bytes, const std::function<void()>& op) {
-    if (!wanted(cfg, name) && name != "copy" && name != "copy_stream" && name != "read") return;
-    const Timing t = time_op(comm, cfg.reps, op);
+  auto record = [&](const std::string& name, double bytes, const Timing& t) {
     Record r;
     r.name = name;
     r.ranks = comm.size();
@@ -126,7 +171,11 @@ std::vector<Record> run_typed(const Communicator& comm, const Config& cfg) {
     r.collective_min_ms = t.region_min_ms;
     r.bytes = bytes;
     r.gbps = bytes / (t.median_ms * 1e6);
-    recs.push_back(r);
+    r.huge_page_share = huge_share;
+    return r;
+  };
+  auto add = [&](const std::string& name, double bytes, const std::function<void()>& op) {
+    if (wanted(cfg, name)) recs.push_back(record(name, bytes, time_op(comm, cfg.reps, op)));
   };
 
   // The ceilings, each over the same logits. "copy": read + write, with plain stores (on the host memcpy of
@@ -134,27 +183,25 @@ std::vector<Record> run_typed(const Communicator& comm, const Config& cfg) {
   // device-to-device copy): each written line is read first (read-for-ownership), 3 units of traffic for 2.
   // "copy_stream": read + write with streaming stores on the host (the STREAM convention: 2 units; a device
   // writes whole lines anyway, the same copy). "read": a read-only pass (a sum of the logits; of their bit
-  // patterns for 16-bit logits).
-  constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Exec::memory_space>::accessible;
+  // patterns for 16-bit logits). Timed first and again after the calls; each ceiling's median is over both
+  // sets of repetitions, so that a drift of the memory's speed during the run does not move the ratios.
   using Rows = Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>;
-  for (const bool stream : {false, true}) {
-    add(stream ? "copy_stream" : "copy", 2 * elem_bytes, [&] {
-      if constexpr (host) {
-        Kokkos::parallel_for(
-            stream ? "vpce_bench::copy_stream" : "vpce_bench::copy", Rows(0, n), KOKKOS_LAMBDA(std::int64_t i) {
-              if (stream) {
-                impl::stream_copy(&out(i, 0), &logits(i, 0), v * sizeof(S));
-              } else {
-                std::memcpy(&out(i, 0), &logits(i, 0), v * sizeof(S));
-              }
-            });
-      } else {
-        Kokkos::deep_copy(out, logits);
-      }
-    });
-  }
+  auto copy = [&](const bool stream) {
+    if constexpr (host) {
+      Kokkos::parallel_for(
+          stream ? "vpce_bench::copy_stream" : "vpce_bench::copy", Rows(0, n), KOKKOS_LAMBDA(std::int64_t i) {
+            if (stream) {
+              impl::stream_copy(&out(i, 0), &logits(i, 0), v * sizeof(S));
+            } else {
+              std::memcpy(&out(i, 0), &logits(i, 0), v * sizeof(S));
+            }
+          });
+    } else {
+      Kokkos::deep_copy(out, logits);
+    }
+  };
   T read_sum = 0;
-  add("read", elem_bytes, [&] {
+  auto read = [&] {
     if constexpr (host) {
       Kokkos::parallel_reduce(
           "vpce_bench::read", Rows(0, n),
@@ -191,7 +238,21 @@ std::vector<Record> run_typed(const Communicator& comm, const Config& cfg) {
       Kokkos::parallel_reduce(
           "vpce_bench::read", Rows(0, total), KOKKOS_LAMBDA(std::int64_t k, T & acc) { acc += T(x[k]); }, read_sum);
     }
-  });
+  };
+  struct Ceiling {
+    std::string name;
+    double bytes;
+    std::function<void()> op;
+    std::vector<double> ms;  // the first timing's repetitions
+  };
+  std::vector<Ceiling> ceilings = {{"copy", 2 * elem_bytes, [&] { copy(false); }, {}},
+                                   {"copy_stream", 2 * elem_bytes, [&] { copy(true); }, {}},
+                                   {"read", elem_bytes, read, {}}};
+  for (auto& c : ceilings) {
+    const Timing t = time_op(comm, cfg.reps, c.op);
+    recs.push_back(record(c.name, c.bytes, t));
+    c.ms = t.ms;
+  }
 
   Options base;
   if (cfg.block_bytes_per_thread > 0) base.block_bytes_per_thread = cfg.block_bytes_per_thread;
@@ -277,9 +338,17 @@ std::vector<Record> run_typed(const Communicator& comm, const Config& cfg) {
     Options opt = base;
     opt.probability_targets = true;
     CrossEntropy<S> ce(comm, part, opt);
-    add("loss_and_grad/fused/probs", 3 * elem_bytes, [&] {
-      ce.loss_and_grad(logits, typename CrossEntropy<S>::probs_view(probs), loss, out, T(1));
-    });
+    add("loss_and_grad/fused/probs", 3 * elem_bytes,
+        [&] { ce.loss_and_grad(logits, typename CrossEntropy<S>::probs_view(probs), loss, out, T(1)); });
+  }
+  for (std::size_t k = 0; k < ceilings.size(); ++k) {  // the ceilings again, after the calls
+    std::vector<double> ms = ceilings[k].ms;
+    const Timing t = time_op(comm, cfg.reps, ceilings[k].op);
+    ms.insert(ms.end(), t.ms.begin(), t.ms.end());
+    Record& r = recs[k];
+    r.ms_median = median(ms);
+    r.ms_min = *std::min_element(ms.begin(), ms.end());
+    r.gbps = r.bytes / (r.ms_median * 1e6);
   }
   const double copy_ms = recs[0].ms_median, stream_ms = recs[1].ms_median, read_ms = recs[2].ms_median;
   for (auto& r : recs) {
@@ -319,6 +388,7 @@ Timing time_op(const Communicator& comm, int reps, const std::function<void()>& 
     in_region_min.push_back(-worst[2]);
   }
   Timing t;
+  t.ms = ms;
   t.median_ms = median(ms);
   t.min_ms = *std::min_element(ms.begin(), ms.end());
   t.region_ms = timer.active ? median(in_region) : -1;
@@ -355,6 +425,7 @@ std::string to_json(const std::vector<Record>& records) {
     j.add("ratio_to_stream", r.ratio_to_stream).add("ratio_to_read", r.ratio_to_read);
     j.add("collective_ms", r.collective_ms)
         .add("collective_min_ms", r.collective_min_ms)
+        .add("huge_page_share", r.huge_page_share)
         .add("backend", Exec::name())
         .add("kokkos_version", KOKKOS_VERSION);
     j.add("vpce_version", VPCE_VERSION_STRING);
@@ -372,6 +443,11 @@ std::string to_table(const std::vector<Record>& records) {
                   records[0].threads, (long long)records[0].tokens, (long long)records[0].vocab_local,
                   records[0].dtype.c_str());
     os << line;
+    if (records[0].huge_page_share >= 0) {
+      std::snprintf(line, sizeof line, "logits and output in huge pages: %.0f%% (the smallest share over the ranks)\n",
+                    100 * records[0].huge_page_share);
+      os << line;
+    }
   }
   std::snprintf(line, sizeof line, "%-36s %10s %10s %8s %8s %8s %8s %10s\n", "name", "ms(median)", "ms(min)", "GB/s",
                 "x copy", "x stream", "x read", "MPI ms");

@@ -6,8 +6,9 @@
 /// Every figure is the median over repetitions of the slowest rank's time (time_op). run() times the library's
 /// calls and reports them with the bytes the operation must move and as ratios to three ceilings timed in the
 /// same run over the same logits: a copy with plain stores ("copy": read + write, each written line read first),
-/// a copy with streaming stores ("copy_stream", the STREAM convention) and a read-only pass ("read"). Records
-/// are written as JSON objects of one line (JsonRecord).
+/// a copy with streaming stores ("copy_stream", the STREAM convention) and a read-only pass ("read"), each
+/// timed before and after the calls (a drift of the machine's memory speed during the run moves the ceilings
+/// with the calls). Records are written as JSON objects of one line (JsonRecord).
 
 #include <cstdint>
 #include <functional>
@@ -28,10 +29,13 @@ struct Config {
   std::vector<std::string> only;            ///< if not empty: run only records whose name starts with one of these
                                             ///< ("name$": the record of exactly that name)
   std::int64_t block_bytes_per_thread = 0;  ///< Options::block_bytes_per_thread; 0: the library's default
+  bool huge_pages = false;  ///< Linux hosts: the logits and the output advised MADV_HUGEPAGE before their first
+                            ///< touch (transparent huge pages in `madvise` mode); what a caller's allocator may do
 };
 
 struct Record {
-  std::string name;  ///< e.g. copy, forward/fused/recompute, forward_backward/seed/stash, loss_and_grad/fused[/in_place]
+  /// e.g. copy, forward/fused/recompute, forward_backward/seed/stash, loss_and_grad/fused[/in_place]
+  std::string name;
   int ranks = 1;
   int threads = 1;  ///< Kokkos concurrency per rank
   std::int64_t tokens = 0;
@@ -39,13 +43,15 @@ struct Record {
   std::string dtype;
   double ms_median = 0;  ///< median over reps of the max over ranks
   double ms_min = 0;
-  double bytes = 0;            ///< bytes the operation must move per rank (logits read, gradient/stash written, ...)
-  double gbps = 0;             ///< bytes / ms_median
-  double ratio_to_copy = 0;    ///< ms_median / the copy's (plain stores: read-for-ownership) ms_median
-  double ratio_to_stream = 0;  ///< ms_median / the streaming-store copy's ms_median
-  double ratio_to_read = 0;    ///< ms_median / the read-only pass's ms_median
-  double collective_ms = 0;    ///< median (slowest rank) time in vpce's collective regions; -1: not measured
+  double bytes = 0;              ///< bytes the operation must move per rank (logits read, gradient/stash written, ...)
+  double gbps = 0;               ///< bytes / ms_median
+  double ratio_to_copy = 0;      ///< ms_median / the copy's (plain stores: read-for-ownership) ms_median
+  double ratio_to_stream = 0;    ///< ms_median / the streaming-store copy's ms_median
+  double ratio_to_read = 0;      ///< ms_median / the read-only pass's ms_median
+  double collective_ms = 0;      ///< median (slowest rank) time in vpce's collective regions; -1: not measured
   double collective_min_ms = 0;  ///< the same for the rank with the least (Timing::region_min_ms)
+  double huge_page_share = -1;   ///< share of the logits' and output's bytes in huge pages (the smallest over the
+                                 ///< ranks, from /proc/self/smaps_rollup after their first touch); -1: unknown
 };
 
 /// Collective: runs the benchmark; every rank returns the same records.
@@ -65,6 +71,7 @@ struct Timing {
                           ///< named by time_op's `region`; -1: not measured (a Kokkos tool is loaded)
   double region_min_ms = -1;  ///< the same for the rank with the least such time: where region_ms is much larger,
                               ///< the ranks waited for each other (one ran slower), not for the collective itself
+  std::vector<double> ms;     ///< each repetition's time (the slowest rank's), in the order run
 };
 
 /// THE timing of the harness: calls `op` once (warm-up), then `reps` times, each between a barrier and a fence,

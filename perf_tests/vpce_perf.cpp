@@ -1,6 +1,7 @@
 // vpce_perf: the benchmark without HDF5.
 // Usage: mpirun -np R vpce_perf [tokens] [vocab] [float32|float64|bfloat16|float16] [reps] [json] [only,prefixes]
-// VPCE_PERF_BLOCK_BYTES=B sets Options::block_bytes_per_thread (the fused strategy's block size).
+// VPCE_PERF_BLOCK_BYTES=B sets Options::block_bytes_per_thread (the fused strategy's block size);
+// VPCE_PERF_HUGE_PAGES=1 advises the logits and the output MADV_HUGEPAGE (Config::huge_pages).
 #include <mpi.h>
 
 #include <Kokkos_Core.hpp>
@@ -26,6 +27,7 @@ int main(int argc, char** argv) {
       if (argc > 3) cfg.dtype = argv[3];
       if (argc > 4) cfg.reps = std::stoi(argv[4]);
       if (const char* b = std::getenv("VPCE_PERF_BLOCK_BYTES")) cfg.block_bytes_per_thread = std::stoll(b);
+      if (const char* h = std::getenv("VPCE_PERF_HUGE_PAGES")) cfg.huge_pages = std::string(h) == "1";
       if (argc > 6) {
         std::string only = argv[6];
         for (std::size_t pos = 0; pos <= only.size();) {

@@ -50,11 +50,13 @@ const char* const bench_help =
     "Options:\n"
     "  --tokens N       tokens (rows), default 4096\n"
     "  --vocab V        global vocabulary, default 65536\n"
-    "  --dtype T        float32 (default) | float64\n"
+    "  --dtype T        float32 (default) | float64 | bfloat16 | float16 (logits and gradient)\n"
     "  --reps R         timed repetitions after one warm-up, default 10\n"
     "  --only P1,P2     only the records whose name starts with one of these (e.g. loss_and_grad,forward/fused;\n"
     "                   P$: only the record named P)\n"
     "  --json FILE      also write the records as JSON (rank 0, through a temporary name)\n"
+    "  --huge-pages     advise the logits and the output MADV_HUGEPAGE before their first touch (Linux hosts,\n"
+    "                   transparent huge pages in madvise mode); the table says what share the kernel gave\n"
     "  -h, --help       this help\n";
 
 // A named namespace, not an anonymous one: CUDA's extended lambdas want enclosing functions with a name.
@@ -435,7 +437,14 @@ int cmd_demo(const Communicator& comm, const std::vector<std::string>& argv) {
 
 int cmd_bench(const Communicator& comm, const std::vector<std::string>& argv) {
   Args args("bench",
-            {{"tokens", true}, {"vocab", true}, {"dtype", true}, {"reps", true}, {"json", true}, {"only", true}}, argv);
+            {{"tokens", true},
+             {"vocab", true},
+             {"dtype", true},
+             {"reps", true},
+             {"json", true},
+             {"only", true},
+             {"huge-pages", false}},
+            argv);
   if (args.help()) {
     print0(comm, bench_help);
     return 0;
@@ -443,9 +452,10 @@ int cmd_bench(const Communicator& comm, const std::vector<std::string>& argv) {
   bench::Config cfg;
   cfg.tokens = args.get_int("tokens", cfg.tokens, 1, std::int64_t(1) << 40);
   cfg.vocab = args.get_int("vocab", cfg.vocab, 1, std::int64_t(1) << 40);
-  cfg.dtype = args.get_choice("dtype", "float32", {"float32", "float64"});
+  cfg.dtype = args.get_choice("dtype", "float32", {"float32", "float64", "bfloat16", "float16"});
   cfg.reps = static_cast<int>(args.get_int("reps", cfg.reps, 1, 1000000));
   if (args.has("only")) cfg.only = demo_detail::split_commas(args.get("only"));
+  cfg.huge_pages = args.has("huge-pages");
   const std::string json = args.get("json");
   if (!json.empty()) check_writable(comm, json, "JSON output");
   std::vector<bench::Record> recs;

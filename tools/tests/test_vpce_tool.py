@@ -1342,6 +1342,23 @@ def suite_commands(r):
     if "loss_and_grad/fused" not in res.stdout or leftovers(w, js):
         raise Failure("bench: no table on stdout, or a temporary JSON file left\n%s" % res.describe())
     print("ok bench (%d records)" % len(records))
+    # --huge-pages: the buffers advised before their first touch; every record says what share the kernel gave
+    # (64 x 1001 floats fill no whole 2 MiB page: 0 here), -1 only where /proc/self/smaps_rollup is missing.
+    os.remove(js)
+    res = r.run(["bench", "--tokens", 64, "--vocab", 1001, "--reps", 1, "--dtype", "bfloat16", "--only",
+                 "loss_and_grad/fused$", "--huge-pages", "--json", js])
+    if res.statuses != [0] * r.np or res.vpce_lines() or "in huge pages" not in res.stdout:
+        raise Failure("bench --huge-pages: expected success and the share in the table\n%s" % res.describe())
+    with open(js) as f:
+        records = json.load(f)
+    if [(rec["name"], rec["dtype"]) for rec in records] != [(n, "bfloat16") for n in
+                                                            ("copy", "copy_stream", "read", "loss_and_grad/fused")]:
+        raise Failure("bench --dtype bfloat16 --only loss_and_grad/fused$: expected the three ceilings and the "
+                      "record, in bfloat16: %s" % records)
+    shares = {rec["huge_page_share"] for rec in records}
+    if len(shares) != 1 or not 0 <= shares.pop() <= 1:
+        raise Failure("bench --huge-pages: expected one share in [0, 1]: %s" % records)
+    print("ok bench --huge-pages")
     res = r.run(["bench", "--tokens", 0])
     if res.statuses != [2] * r.np or not any("--tokens 0" in l for l in res.vpce_lines()):
         raise Failure("bench --tokens 0: expected a usage error\n%s" % res.describe())
