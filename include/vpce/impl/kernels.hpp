@@ -112,6 +112,25 @@ struct PaceFrom {
   KOKKOS_FORCEINLINE_FUNCTION void operator()(std::int64_t j) const { pace(j0 + j); }
 };
 
+/// Whether a row's reader z (HostInner::online_stats) also reads two adjacent columns from one 32-bit load,
+/// z.pair(j) giving columns j and j + 1 as {a, b} (Logits, for 16-bit logits on a little-endian host).
+template <class Z, class = void>
+struct reads_pairs : std::false_type {};
+template <class Z>
+struct reads_pairs<Z, std::void_t<decltype(Z::pairs)>> : std::bool_constant<Z::pairs> {};
+template <class Z>
+inline constexpr bool reads_pairs_v = reads_pairs<Z>::value;
+
+/// The columns of a row reader z from j0 on: z(j0 + j), and its pairs where z has them.
+template <class Z>
+struct ColumnsFrom {
+  static constexpr bool pairs = reads_pairs_v<Z>;
+  const Z& z;
+  std::int64_t j0;
+  KOKKOS_FORCEINLINE_FUNCTION auto operator()(std::int64_t j) const { return z(j0 + j); }
+  KOKKOS_FORCEINLINE_FUNCTION auto pair(std::int64_t j) const { return z.pair(j0 + j); }
+};
+
 /// Rows of a matrix a kernel writes or reads: row i at data + (i - row0) * ld.
 template <class U>
 struct RowPtr {
@@ -199,8 +218,68 @@ struct HostInner {
       if constexpr (K > 1) rest[1][l] = e.v[1];
       mx[l] = v > mx[l] ? v : mx[l];
     }
-    // More than 16 lanes are first folded into 16 (lane 16 g + l into lane l, in order of g), then the 16
-    // added in order.
+    return lane_totals<T, K, lanes>(total, rest, mx, max);
+  }
+  /// sums_max for a row reader z that reads pairs of columns (reads_pairs_v: 16-bit logits), K sums of
+  /// f.at(j, z(j)) (column j's terms from its value, as ExpTerms) and *max = the max of z, in 32 lanes: the
+  /// columns of each 32 read as 16 pairs, a pair's two columns split by a shift and a mask of one 32-bit lane
+  /// and summed in lanes l and 16 + l. Widening 32 loaded 16-bit values to 32-bit lanes one by one took
+  /// three shuffles (two vpmovzxwd, an extract), on the same ports as the exps' arithmetic (perf_tests/NOTES.md,
+  /// issue 12, nineteenth round). The last n % 32 columns a lane each, as sums_max's.
+  template <class T, int K, class Z, class F, Hint H, class P>
+  KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN Terms<T, K> sums_max_pairs(std::int64_t n, const Z& z, const F& f, T* max,
+                                                                      const Ahead<H>& ahead, const P& pace) const {
+    static_assert(K == 1 || K == 2, "one or two sums");
+    constexpr std::int64_t lanes = 32, half = lanes / 2, chunk = 32 * lanes;
+    double total[K][lanes] = {};
+    T mx[lanes];
+    for (std::int64_t l = 0; l < lanes; ++l) mx[l] = neg_inf<T>();
+    const std::int64_t whole = n - n % lanes;
+    for (std::int64_t j0 = 0; j0 < whole; j0 += chunk) {
+      const std::int64_t j1 = j0 + chunk < whole ? j0 + chunk : whole;
+      T part[K][lanes] = {};
+      for (std::int64_t j = j0; j < j1; j += lanes) {
+        ahead.at(j, lanes);
+        VPCE_SIMD
+        for (std::int64_t l = 0; l < half; ++l) {
+          const auto v = z.pair(j + 2 * l);
+          const Terms<T, K> a = f.at(j + 2 * l, v.a);
+          const Terms<T, K> b = f.at(j + 2 * l + 1, v.b);
+          part[0][l] += a.v[0];
+          part[0][half + l] += b.v[0];
+          if constexpr (K > 1) {
+            part[1][l] += a.v[1];
+            part[1][half + l] += b.v[1];
+          }
+          mx[l] = v.a > mx[l] ? v.a : mx[l];
+          mx[half + l] = v.b > mx[half + l] ? v.b : mx[half + l];
+        }
+      }
+      for (int k = 0; k < K; ++k) {
+        for (std::int64_t g16 = 0; g16 < lanes; g16 += 16) {
+          VPCE_SIMD
+          for (std::int64_t l = 0; l < 16; ++l) total[k][g16 + l] += double(part[k][g16 + l]);
+        }
+      }
+      pace(j1);
+    }
+    T rest[K][lanes] = {};
+    VPCE_SIMD
+    for (std::int64_t l = 0; l < n - whole; ++l) {
+      const T v = z(whole + l);
+      const Terms<T, K> e = f.at(whole + l, v);
+      rest[0][l] = e.v[0];
+      if constexpr (K > 1) rest[1][l] = e.v[1];
+      mx[l] = v > mx[l] ? v : mx[l];
+    }
+    return lane_totals<T, K, lanes>(total, rest, mx, max);
+  }
+  /// The end of sums_max: the lane totals and the last columns' terms added, *max from the lanes' maxima.
+  /// More than 16 lanes are first folded into 16 (lane 16 g + l into lane l, in order of g), then the 16
+  /// added in order.
+  template <class T, int K, std::int64_t lanes>
+  KOKKOS_FORCEINLINE_FUNCTION static Terms<T, K> lane_totals(const double (&total)[K][lanes], const T (&rest)[K][lanes],
+                                                             T (&mx)[lanes], T* max) {
     static_assert(lanes % 16 == 0, "lanes in groups of 16");
     Terms<T, K> out;
     for (int k = 0; k < K; ++k) {
@@ -344,7 +423,7 @@ struct HostInner {
     double acc = 0, acc_h = 0;  // acc_h: relative to m, as acc
     for (std::int64_t j0 = 0; j0 < n; j0 += chunk_cols) {
       const std::int64_t len = j0 + chunk_cols < n ? chunk_cols : n - j0;
-      auto zc = [&](std::int64_t j) { return z(j0 + j); };
+      const ColumnsFrom<Z> zc{z, j0};
       T* yc = exps == nullptr ? nullptr : exps + j0;
       if (sum_x && weights != nullptr) {
         const T* wc = weights + j0;
@@ -406,8 +485,10 @@ struct HostInner {
     const X& x;
     T* y;
     T m;
-    KOKKOS_FORCEINLINE_FUNCTION Terms<T, K> operator()(std::int64_t j) const {
-      const T u = x(z(j)) - m;
+    KOKKOS_FORCEINLINE_FUNCTION Terms<T, K> operator()(std::int64_t j) const { return at(j, z(j)); }
+    /// Column j's terms from its value zj = z(j).
+    KOKKOS_FORCEINLINE_FUNCTION Terms<T, K> at(std::int64_t j, T zj) const {
+      const T u = x(zj) - m;
       const T e = fast_exp_no_overflow<A>(u);
       if constexpr (Store) y[j] = Mark ? select(u > T(80), -u, e) : e;
       if constexpr (K == 1) {
@@ -448,6 +529,14 @@ struct HostInner {
         return no_max(j);
       }
     };
+    // 16-bit logits whose exps are not stored read pairs of columns (sums_max_pairs). Where they are stored,
+    // the exps of a pair would be interleaved into column order by two shuffles per 32 columns, which cost
+    // what the pairs save (bfloat16 loss_and_grad +10% / -3% at 1x2 / 2x1 on an AMD Zen 5, noise about 5%).
+    if constexpr (WithMax && reads_pairs_v<Z>) {
+      if (y == nullptr) {
+        return sums_max_pairs<T, K>(len, z, ExpTerms<K, false, false, A, T, Z, X>{z, x, y, m}, cz, ahead, pace);
+      }
+    }
     if (y == nullptr) {
       return sums_max<T, K, Lanes>(len, ExpTerms<K, false, false, A, T, Z, X>{z, x, y, m}, g, cz, ahead, pace);
     }
@@ -753,6 +842,36 @@ KOKKOS_FORCEINLINE_FUNCTION float to_compute(float16 v) { return float(v); }
 KOKKOS_FORCEINLINE_FUNCTION float to_compute(float v) { return v; }
 KOKKOS_FORCEINLINE_FUNCTION double to_compute(double v) { return v; }
 
+/// The logits of a row as the statistics read them (Inner::online_stats's z): z(j) = column j in the compute
+/// type; for 16-bit logits on a little-endian host also pair(j) = columns j and j + 1 from ONE 32-bit load
+/// (HostInner::sums_max_pairs), the same values.
+template <class S>
+struct Logits {
+#if defined(__BYTE_ORDER__) && defined(__ORDER_LITTLE_ENDIAN__)
+  static constexpr bool pairs = is_16bit_v<S> && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__;
+#else
+  static constexpr bool pairs = false;
+#endif
+  struct Pair {
+    compute_type_t<S> a, b;
+  };
+  const S* x;
+  KOKKOS_FORCEINLINE_FUNCTION compute_type_t<S> operator()(std::int64_t j) const { return to_compute(x[j]); }
+  KOKKOS_FORCEINLINE_FUNCTION Pair pair(std::int64_t j) const {
+    static_assert(pairs, "16-bit logits");
+    std::uint32_t w;
+    std::memcpy(&w, x + j, sizeof(w));  // column j in the low half
+    if constexpr (std::is_same_v<S, bfloat16>) {
+      return {from_bits(w << 16), from_bits(w & 0xffff0000u)};  // a bfloat16 is a float's upper half
+    } else {
+      S lo, hi;
+      lo.bits = std::uint16_t(w);
+      hi.bits = std::uint16_t(w >> 16);
+      return {to_compute(lo), to_compute(hi)};
+    }
+  }
+};
+
 /// The options as the kernels use them (docs/design.md, section 1).
 template <class T>
 struct Params {
@@ -882,8 +1001,8 @@ class LocalStats {
     bool over_logits = false;
     if constexpr (std::is_same_v<S, T>) over_logits = e != nullptr && e == x;
     const OnlineStats<T> o = in.template online_stats<T, sum_lanes<S>, exp_accuracy<S>>(
-        m_a.n, [&](std::int64_t j) { return to_compute(x[j]); }, [&](T z) { return p.template transform<Capped>(z); },
-        smoothing, p.weights == nullptr ? nullptr : p.weights + m_a.begin, p.entropy, e, over_logits,
+        m_a.n, Logits<S>{x}, [&](T z) { return p.template transform<Capped>(z); }, smoothing,
+        p.weights == nullptr ? nullptr : p.weights + m_a.begin, p.entropy, e, over_logits,
         [&](std::int64_t chunk, T m) { m_chunk_max(i, chunk) = m; }, Ahead<read_hint<S>>::of(x), pace);
     const RowStats<T> r = mark_row(o.m, o.s, t, smoothing ? o.sx : T(0), p.entropy ? o.h : T(0), o.zmax);
     in.single([&]() { m_out.store(i, r); });
