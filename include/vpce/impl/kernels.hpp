@@ -351,6 +351,7 @@ struct HostInner {
       const std::int64_t lines_end = head + (n - head) / lanes * lanes;
       for (std::int64_t j = head; j < lines_end; j += lanes) {
         ahead.at(j, lanes);
+        kick_next_page(y + j);     // the next page's address translation, while this one is written
         alignas(64) G one[lanes];  // a line of its own: GCC keeps it in registers (it stored `line` each time)
         round_line(one, v, j);
         stream_line<!is_16bit_v<G> || round_line_whole<G>>(y + j, one);
