@@ -224,10 +224,11 @@ inline constexpr std::uintptr_t small_page_bytes = 4096;
 /// is not in the TLB waits for the page walk, and nothing else walks the destination's pages ahead (the
 /// software prefetches are the rows read; no hardware prefetcher follows streaming stores). The prefetch
 /// starts the next page's walk while this page is written, at the price of one line in 64 read before its
-/// streaming store. Measured on an AMD EPYC Zen 5 (bfloat16, 5 interleaved rounds, 1 rank x 2 threads / 2
-/// ranks x 1 thread): `loss_and_grad` -14% / -14%, backward (recompute) -13% / -8%; fp32 -2 to -4%; the
-/// streaming copy of the benchmark, the same check in stream_line, 0% (perf_tests/NOTES.md, issue 12,
-/// twentieth round). Huge pages for the caller's gradient buffer do the same by other means.
+/// streaming store. Measured on an AMD EPYC Zen 5 (bfloat16, 6 interleaved rounds, 1 rank x 2 threads / 2
+/// ranks x 1 thread): `loss_and_grad` -14% / -10% (faster in all 32 paired rounds of three A/Bs), backward
+/// (recompute) -3 to -13%; fp32 0 to -4%; in stream_line, so also in the benchmark's streaming copy, it
+/// gained less and the copy nothing (perf_tests/NOTES.md, issue 12, twentieth round). Huge pages for the
+/// caller's gradient buffer do the same by other means.
 KOKKOS_FORCEINLINE_FUNCTION void kick_next_page(const void* line) {
 #if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__) && \
     !defined(__SYCL_DEVICE_ONLY__)
