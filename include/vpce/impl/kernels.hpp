@@ -181,8 +181,62 @@ struct HostInner {
   template <class T, int K, int Lanes = 16, class F, class G, Hint H = Hint::l2, class P = NoPace>
   KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN Terms<T, K> sums_max(std::int64_t n, const F& f, const G& g, T* max,
                                                                 const Ahead<H>& ahead = {}, const P& pace = P{}) const {
+    constexpr std::int64_t lanes = Lanes;
+    return chunked_sums<T, K, lanes>(
+        n, max, pace,
+        [&](std::int64_t j, T(&part)[K][lanes], T(&mx)[lanes]) {
+          ahead.at(j, lanes);
+          VPCE_SIMD
+          for (std::int64_t l = 0; l < lanes; ++l) {
+            const T v = g(j + l);
+            const Terms<T, K> e = f(j + l);
+            part[0][l] += e.v[0];  // no loop over k here: GCC does not vectorise the l loop around one
+            if constexpr (K > 1) part[1][l] += e.v[1];
+            mx[l] = v > mx[l] ? v : mx[l];
+          }
+        },
+        [&](std::int64_t j) { return g(j); }, [&](std::int64_t j, T) { return f(j); });
+  }
+  /// sums_max for a row reader z that reads pairs of columns (reads_pairs_v: 16-bit logits), K sums of
+  /// f.at(j, z(j)) (column j's terms from its value, as ExpTerms) and *max = the max of z, in 32 lanes: the
+  /// columns of each 32 read as 16 pairs, a pair's two columns split by a shift and a mask of one 32-bit lane
+  /// and summed in lanes l and 16 + l. Widening 32 loaded 16-bit values to 32-bit lanes one by one took
+  /// three shuffles (two vpmovzxwd, an extract), on the same ports as the exps' arithmetic (perf_tests/NOTES.md,
+  /// issue 12, nineteenth round). The last n % 32 columns a lane each, as sums_max's.
+  template <class T, int K, class Z, class F, Hint H, class P>
+  KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN Terms<T, K> sums_max_pairs(std::int64_t n, const Z& z, const F& f, T* max,
+                                                                      const Ahead<H>& ahead, const P& pace) const {
+    constexpr std::int64_t lanes = 32, half = lanes / 2;
+    return chunked_sums<T, K, lanes>(
+        n, max, pace,
+        [&](std::int64_t j, T(&part)[K][lanes], T(&mx)[lanes]) {
+          ahead.at(j, lanes);
+          VPCE_SIMD
+          for (std::int64_t l = 0; l < half; ++l) {
+            const auto v = z.pair(j + 2 * l);
+            const Terms<T, K> a = f.at(j + 2 * l, v.a);
+            const Terms<T, K> b = f.at(j + 2 * l + 1, v.b);
+            part[0][l] += a.v[0];
+            part[0][half + l] += b.v[0];
+            if constexpr (K > 1) {
+              part[1][l] += a.v[1];
+              part[1][half + l] += b.v[1];
+            }
+            mx[l] = v.a > mx[l] ? v.a : mx[l];
+            mx[half + l] = v.b > mx[half + l] ? v.b : mx[half + l];
+          }
+        },
+        [&](std::int64_t j) { return z(j); }, [&](std::int64_t j, T v) { return f.at(j, v); });
+  }
+  /// The skeleton of sums_max and sums_max_pairs: chunks of 32 x lanes columns, step(j, part, mx) adding the
+  /// terms and maxima of columns [j, j + lanes) into the chunk's partial sums and the lanes' maxima, the
+  /// partials added into lane totals in double after each chunk and pace told; the last n % lanes columns a
+  /// lane each, value(j) read before terms(j, value(j)) runs (terms may store over what value reads).
+  template <class T, int K, std::int64_t lanes, class P, class Step, class Value, class TermsOf>
+  KOKKOS_FORCEINLINE_FUNCTION static Terms<T, K> chunked_sums(std::int64_t n, T* max, const P& pace, const Step& step,
+                                                              const Value& value, const TermsOf& terms) {
     static_assert(K == 1 || K == 2, "one or two sums");
-    constexpr std::int64_t lanes = Lanes, chunk = 32 * lanes;
+    constexpr std::int64_t chunk = 32 * lanes;
     double total[K][lanes] = {};
     T mx[lanes];
     for (std::int64_t l = 0; l < lanes; ++l) mx[l] = neg_inf<T>();
@@ -190,17 +244,7 @@ struct HostInner {
     for (std::int64_t j0 = 0; j0 < whole; j0 += chunk) {
       const std::int64_t j1 = j0 + chunk < whole ? j0 + chunk : whole;
       T part[K][lanes] = {};
-      for (std::int64_t j = j0; j < j1; j += lanes) {
-        ahead.at(j, lanes);
-        VPCE_SIMD
-        for (std::int64_t l = 0; l < lanes; ++l) {
-          const T v = g(j + l);
-          const Terms<T, K> e = f(j + l);
-          part[0][l] += e.v[0];  // no loop over k here: GCC does not vectorise the l loop around one
-          if constexpr (K > 1) part[1][l] += e.v[1];
-          mx[l] = v > mx[l] ? v : mx[l];
-        }
-      }
+      for (std::int64_t j = j0; j < j1; j += lanes) step(j, part, mx);
       for (int k = 0; k < K; ++k) {
         for (std::int64_t g16 = 0; g16 < lanes; g16 += 16) {  // 16 at a time: GCC leaves 32 scalar on SSE
           VPCE_SIMD
@@ -212,62 +256,8 @@ struct HostInner {
     T rest[K][lanes] = {};  // the last n % lanes columns, a lane each
     VPCE_SIMD
     for (std::int64_t l = 0; l < n - whole; ++l) {
-      const T v = g(whole + l);
-      const Terms<T, K> e = f(whole + l);
-      rest[0][l] = e.v[0];
-      if constexpr (K > 1) rest[1][l] = e.v[1];
-      mx[l] = v > mx[l] ? v : mx[l];
-    }
-    return lane_totals<T, K, lanes>(total, rest, mx, max);
-  }
-  /// sums_max for a row reader z that reads pairs of columns (reads_pairs_v: 16-bit logits), K sums of
-  /// f.at(j, z(j)) (column j's terms from its value, as ExpTerms) and *max = the max of z, in 32 lanes: the
-  /// columns of each 32 read as 16 pairs, a pair's two columns split by a shift and a mask of one 32-bit lane
-  /// and summed in lanes l and 16 + l. Widening 32 loaded 16-bit values to 32-bit lanes one by one took
-  /// three shuffles (two vpmovzxwd, an extract), on the same ports as the exps' arithmetic (perf_tests/NOTES.md,
-  /// issue 12, nineteenth round). The last n % 32 columns a lane each, as sums_max's.
-  template <class T, int K, class Z, class F, Hint H, class P>
-  KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN Terms<T, K> sums_max_pairs(std::int64_t n, const Z& z, const F& f, T* max,
-                                                                      const Ahead<H>& ahead, const P& pace) const {
-    static_assert(K == 1 || K == 2, "one or two sums");
-    constexpr std::int64_t lanes = 32, half = lanes / 2, chunk = 32 * lanes;
-    double total[K][lanes] = {};
-    T mx[lanes];
-    for (std::int64_t l = 0; l < lanes; ++l) mx[l] = neg_inf<T>();
-    const std::int64_t whole = n - n % lanes;
-    for (std::int64_t j0 = 0; j0 < whole; j0 += chunk) {
-      const std::int64_t j1 = j0 + chunk < whole ? j0 + chunk : whole;
-      T part[K][lanes] = {};
-      for (std::int64_t j = j0; j < j1; j += lanes) {
-        ahead.at(j, lanes);
-        VPCE_SIMD
-        for (std::int64_t l = 0; l < half; ++l) {
-          const auto v = z.pair(j + 2 * l);
-          const Terms<T, K> a = f.at(j + 2 * l, v.a);
-          const Terms<T, K> b = f.at(j + 2 * l + 1, v.b);
-          part[0][l] += a.v[0];
-          part[0][half + l] += b.v[0];
-          if constexpr (K > 1) {
-            part[1][l] += a.v[1];
-            part[1][half + l] += b.v[1];
-          }
-          mx[l] = v.a > mx[l] ? v.a : mx[l];
-          mx[half + l] = v.b > mx[half + l] ? v.b : mx[half + l];
-        }
-      }
-      for (int k = 0; k < K; ++k) {
-        for (std::int64_t g16 = 0; g16 < lanes; g16 += 16) {
-          VPCE_SIMD
-          for (std::int64_t l = 0; l < 16; ++l) total[k][g16 + l] += double(part[k][g16 + l]);
-        }
-      }
-      pace(j1);
-    }
-    T rest[K][lanes] = {};
-    VPCE_SIMD
-    for (std::int64_t l = 0; l < n - whole; ++l) {
-      const T v = z(whole + l);
-      const Terms<T, K> e = f.at(whole + l, v);
+      const T v = value(whole + l);
+      const Terms<T, K> e = terms(whole + l, v);
       rest[0][l] = e.v[0];
       if constexpr (K > 1) rest[1][l] = e.v[1];
       mx[l] = v > mx[l] ? v : mx[l];
