@@ -219,16 +219,20 @@ KOKKOS_FORCEINLINE_FUNCTION void prefetch(const void* p) {
 /// kick_next_page fetches ahead.
 inline constexpr std::uintptr_t small_page_bytes = 4096;
 
-/// Called with each line a host loop writes with streaming stores (HostInner::store): at a page's first line,
-/// prefetches the next page's first line for writing. A streaming store into a page whose address translation
-/// is not in the TLB waits for the page walk, and nothing else walks the destination's pages ahead (the
-/// software prefetches are the rows read; no hardware prefetcher follows streaming stores). The prefetch
-/// starts the next page's walk while this page is written, at the price of one line in 64 read before its
-/// streaming store. Measured on an AMD EPYC Zen 5 (bfloat16, 6 interleaved rounds, 1 rank x 2 threads / 2
-/// ranks x 1 thread): `loss_and_grad` -14% / -10% (faster in all 32 paired rounds of three A/Bs), backward
-/// (recompute) -3 to -13%; fp32 0 to -4%; in stream_line, so also in the benchmark's streaming copy, it
-/// gained less and the copy nothing (perf_tests/NOTES.md, issue 12, twentieth round). Huge pages for the
-/// caller's gradient buffer do the same by other means.
+/// Called with each line a host loop writes with streaming stores (HostInner::store), and with each line the
+/// loops that read a row of 4-byte columns prefetch into L2 (Ahead::at with Hint::l2_near_l1, a page ahead of
+/// their loads): at a page's first line, prefetches the next page's first line for writing, so that the next
+/// page's address translation is walked while this page is written (or prefetched). A streaming store into a
+/// page whose translation is not in the TLB waits for the page walk, and nothing else walks the destination's
+/// pages ahead (the software prefetches are the rows read; no hardware prefetcher follows streaming stores);
+/// a read row's L2 prefetches walk each page at its first line only, which then waits for it. One line in 64
+/// is read before its streaming store, one read line in 64 fetched for writing. Measured on an AMD EPYC Zen 5
+/// (interleaved rounds, paired ratios, 1 rank x 2 threads / 2 ranks x 1 thread): on the stores, bfloat16
+/// `loss_and_grad` -14% / -10% (faster in all 32 paired rounds of three A/Bs), backward (recompute) -3 to
+/// -13%, fp32 0 to -4%; on the reads, the fp32 forward -9 to -11% / -7 to -14% over four A/Bs, its backward
+/// 0 to -8%, where a read prefetch instead (prefetcht1, prefetcht0) gained less (-7% / -7%, -1% / -5%); on the
+/// rows of 16-bit logits read by the backward it cost 15% (perf_tests/NOTES.md, issue 12, twentieth and
+/// twenty-first rounds). Huge pages for the caller's buffers do the same by other means.
 KOKKOS_FORCEINLINE_FUNCTION void kick_next_page(const void* line) {
 #if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__) && \
     !defined(__SYCL_DEVICE_ONLY__)
@@ -284,7 +288,10 @@ struct Ahead {
     if constexpr (H == Hint::l1) {
       for (std::int64_t b = prefetch_distance; b < prefetch_distance + bytes; b += 64) prefetch<3>(p + b);
     } else {
-      for (std::int64_t b = prefetch_distance; b < prefetch_distance + bytes; b += 64) prefetch<2>(p + b);
+      for (std::int64_t b = prefetch_distance; b < prefetch_distance + bytes; b += 64) {
+        prefetch<2>(p + b);
+        if constexpr (H == Hint::l2_near_l1) kick_next_page(p + b);  // a page further ahead
+      }
       if constexpr (H == Hint::l2_near_l1) {
         for (std::int64_t b = near_distance; b < near_distance + bytes; b += 64) prefetch<3>(p + b);
       }
