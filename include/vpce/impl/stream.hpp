@@ -229,7 +229,7 @@ inline constexpr std::uintptr_t small_page_bytes = 4096;
 /// is read before its streaming store, one read line in 64 fetched for writing. Measured on an AMD EPYC Zen 5
 /// (interleaved rounds, paired ratios, 1 rank x 2 threads / 2 ranks x 1 thread): on the stores, bfloat16
 /// `loss_and_grad` -14% / -10% (faster in all 32 paired rounds of three A/Bs), backward (recompute) -3 to
-/// -13%, fp32 0 to -4%; on the reads, the fp32 forward -9 to -11% / -7 to -14% over four A/Bs, its backward
+/// -13%, fp32 0 to -4%; on the reads, the fp32 forward -8 to -11% / -7 to -14% over four A/Bs, its backward
 /// 0 to -8%, where a read prefetch instead (prefetcht1, prefetcht0) gained less (-7% / -7%, -1% / -5%); on the
 /// rows of 16-bit logits read by the backward it cost 15% (perf_tests/NOTES.md, issue 12, twentieth and
 /// twenty-first rounds). Huge pages for the caller's buffers do the same by other means.
