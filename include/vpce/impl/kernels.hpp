@@ -183,9 +183,8 @@ struct HostInner {
                                                                 const Ahead<H>& ahead = {}, const P& pace = P{}) const {
     constexpr std::int64_t lanes = Lanes;
     return chunked_sums<T, K, lanes>(
-        n, max, pace,
+        n, max, ahead, pace,
         [&](std::int64_t j, T(&part)[K][lanes], T(&mx)[lanes]) {
-          ahead.at(j, lanes);
           VPCE_SIMD
           for (std::int64_t l = 0; l < lanes; ++l) {
             const T v = g(j + l);
@@ -208,9 +207,8 @@ struct HostInner {
                                                                       const Ahead<H>& ahead, const P& pace) const {
     constexpr std::int64_t lanes = 32, half = lanes / 2;
     return chunked_sums<T, K, lanes>(
-        n, max, pace,
+        n, max, ahead, pace,
         [&](std::int64_t j, T(&part)[K][lanes], T(&mx)[lanes]) {
-          ahead.at(j, lanes);
           VPCE_SIMD
           for (std::int64_t l = 0; l < half; ++l) {
             const auto v = z.pair(j + 2 * l);
@@ -228,13 +226,15 @@ struct HostInner {
         },
         [&](std::int64_t j) { return z(j); }, [&](std::int64_t j, T v) { return f.at(j, v); });
   }
-  /// The skeleton of sums_max and sums_max_pairs: chunks of 32 x lanes columns, step(j, part, mx) adding the
-  /// terms and maxima of columns [j, j + lanes) into the chunk's partial sums and the lanes' maxima, the
-  /// partials added into lane totals in double after each chunk and pace told; the last n % lanes columns a
-  /// lane each, value(j) read before terms(j, value(j)) runs (terms may store over what value reads).
-  template <class T, int K, std::int64_t lanes, class P, class Step, class Value, class TermsOf>
-  KOKKOS_FORCEINLINE_FUNCTION static Terms<T, K> chunked_sums(std::int64_t n, T* max, const P& pace, const Step& step,
-                                                              const Value& value, const TermsOf& terms) {
+  /// The skeleton of sums_max and sums_max_pairs: chunks of 32 x lanes columns, the row prefetched `ahead` and
+  /// step(j, part, mx) adding the terms and maxima of columns [j, j + lanes) into the chunk's partial sums and
+  /// the lanes' maxima, the partials added into lane totals in double after each chunk and pace told; the last
+  /// n % lanes columns a lane each, value(j) read before terms(j, value(j)) runs (terms may store over what
+  /// value reads).
+  template <class T, int K, std::int64_t lanes, Hint H, class P, class Step, class Value, class TermsOf>
+  KOKKOS_FORCEINLINE_FUNCTION static Terms<T, K> chunked_sums(std::int64_t n, T* max, const Ahead<H>& ahead,
+                                                              const P& pace, const Step& step, const Value& value,
+                                                              const TermsOf& terms) {
     static_assert(K == 1 || K == 2, "one or two sums");
     constexpr std::int64_t chunk = 32 * lanes;
     double total[K][lanes] = {};
@@ -244,7 +244,10 @@ struct HostInner {
     for (std::int64_t j0 = 0; j0 < whole; j0 += chunk) {
       const std::int64_t j1 = j0 + chunk < whole ? j0 + chunk : whole;
       T part[K][lanes] = {};
-      for (std::int64_t j = j0; j < j1; j += lanes) step(j, part, mx);
+      for (std::int64_t j = j0; j < j1; j += lanes) {
+        ahead.at(j, lanes);
+        step(j, part, mx);
+      }
       for (int k = 0; k < K; ++k) {
         for (std::int64_t g16 = 0; g16 < lanes; g16 += 16) {  // 16 at a time: GCC leaves 32 scalar on SSE
           VPCE_SIMD

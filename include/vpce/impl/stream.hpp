@@ -204,12 +204,13 @@ KOKKOS_FORCEINLINE_FUNCTION bool round_line_hw(G* line, const float* f) {
 inline constexpr std::int64_t prefetch_distance = 4096;
 
 /// A hint that the line at p will be read soon: into every cache level (Locality 3, x86's prefetcht0) or into
-/// L2 and beyond (2, prefetcht1). Never faults; a no-op on devices and compilers without the builtin.
-template <int Locality>
+/// L2 and beyond (2, prefetcht1); with Write, that it will be written (x86's prefetchw). Never faults; a no-op
+/// on devices and compilers without the builtin.
+template <int Locality, bool Write = false>
 KOKKOS_FORCEINLINE_FUNCTION void prefetch(const void* p) {
 #if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__) && \
     !defined(__SYCL_DEVICE_ONLY__)
-  __builtin_prefetch(p, 0, Locality);
+  __builtin_prefetch(p, Write ? 1 : 0, Locality);
 #else
   (void)p;
 #endif
@@ -234,13 +235,8 @@ inline constexpr std::uintptr_t small_page_bytes = 4096;
 /// rows of 16-bit logits read by the backward it cost 15% (perf_tests/NOTES.md, issue 12, twentieth and
 /// twenty-first rounds). Huge pages for the caller's buffers do the same by other means.
 KOKKOS_FORCEINLINE_FUNCTION void kick_next_page(const void* line) {
-#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__) && \
-    !defined(__SYCL_DEVICE_ONLY__)
   if ((reinterpret_cast<std::uintptr_t>(line) & (small_page_bytes - 1)) == 0)
-    __builtin_prefetch(static_cast<const char*>(line) + small_page_bytes, 1, 3);
-#else
-  (void)line;
-#endif
+    prefetch<3, true>(static_cast<const char*>(line) + small_page_bytes);
 }
 
 /// How far ahead of its loads a loop that only reads a row of 4-byte columns also prefetches into L1, in
