@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <limits>
 #include <random>
@@ -119,6 +120,73 @@ TEST(Math, FastExpNoOverflowSameBitsInRange) {
   }
   EXPECT_EQ(fast_exp_no_overflow(-std::numeric_limits<double>::infinity()), 0.0);
   EXPECT_TRUE(std::isnan(fast_exp_no_overflow(-std::numeric_limits<double>::quiet_NaN())));
+}
+
+// The table form of float's exp (exp_table_no_overflow, the exp per element of `full` on builds with
+// VPCE_EXP_TABLE; tested on every build): its relative error over every 61st float of [lo, 88], and its
+// values at -inf, NaN, 0 and below lo.
+TEST(Math, ExpTableRelativeError) {
+  using vpce::impl::exp_table_no_overflow;
+  double worst = 0;
+  float at = 0;
+  auto check = [&](std::uint32_t bits) {
+    const float x = vpce::impl::from_bits(bits);
+    const double ref = std::exp(double(x)), err = std::abs(double(exp_table_no_overflow(x)) - ref) / ref;
+    if (err > worst) worst = err, at = x;
+  };
+  for (std::uint32_t b = 0x80000000u; b <= vpce::impl::as_bits(-86.98f); b += 61) check(b);
+  for (std::uint32_t b = 0; b <= vpce::impl::as_bits(88.0f); b += 61) check(b);
+  EXPECT_LT(worst, 1.3e-7) << "at x = " << at;  // 1.15e-7 measured (every 7th float)
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(exp_table_no_overflow(-inf), 0.0f);
+  EXPECT_EQ(exp_table_no_overflow(0.0f), 1.0f);
+  EXPECT_EQ(exp_table_no_overflow(std::nextafter(-86.98f, -inf)), 0.0f);
+  EXPECT_GE(exp_table_no_overflow(-86.98f), std::numeric_limits<float>::min());
+  EXPECT_TRUE(std::isnan(exp_table_no_overflow(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_TRUE(std::isnan(exp_table_no_overflow(-std::numeric_limits<float>::quiet_NaN())));
+}
+
+// exp_lanes16 (16 exps at a time: a vector form where exp_in_lanes) gives exp_per_element's bits, which the
+// scalar tails of the same loops take: every 61st float from -inf to 89, NaNs, -inf, lines of mixed values.
+template <ExpAccuracy A>
+void expect_lanes_same_bits() {
+  using vpce::impl::as_bits;
+  using vpce::impl::exp_per_element;
+  using vpce::impl::from_bits;
+  float u[16], e[16];
+  std::uint64_t lines = 0;
+  auto check = [&]() {
+    ++lines;
+    vpce::impl::exp_lanes16<A>(u, e);
+    for (int l = 0; l < 16; ++l) {
+      const float want = exp_per_element<A>(u[l]);
+      if (as_bits(e[l]) != as_bits(want) && !(std::isnan(e[l]) && std::isnan(want)))
+        return ::testing::AssertionFailure() << "x = " << u[l] << ": " << e[l] << " vs " << want;
+    }
+    return ::testing::AssertionSuccess();
+  };
+  int k = 0;
+  auto add = [&](float x) {
+    u[k++] = x;
+    if (k < 16) return ::testing::AssertionSuccess();
+    k = 0;
+    return check();
+  };
+  for (std::uint32_t b = 0x80000000u; b <= 0xff800000u; b += 61) ASSERT_TRUE(add(from_bits(b)));
+  for (std::uint32_t b = 0; b <= as_bits(89.0f); b += 61) ASSERT_TRUE(add(from_bits(b)));
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const float mixed[16] = {0.0f, -inf, nan, -nan, -86.98f, std::nextafter(-86.98f, -inf), -1e-30f, 1e-30f,
+                           -0.0f, 1.0f, -1.0f, 80.0f, 88.0f, -88.0f, 0.0216608f, -0.0216608f};
+  for (int l = 0; l < 16; ++l) u[l] = mixed[l];
+  ASSERT_TRUE(check());
+  EXPECT_GT(lines, 2500000u);
+}
+
+TEST(Math, ExpLanesSameBitsAsPerElement) {
+  expect_lanes_same_bits<ExpAccuracy::full>();
+  expect_lanes_same_bits<ExpAccuracy::input16>();
+  std::printf("[exp] float `full` exps per element in the table form: %s\n",
+              vpce::impl::exp_in_lanes<float, ExpAccuracy::full> ? "yes (VPCE_EXP_TABLE)" : "no (the polynomial)");
 }
 
 TEST(Math, FastTanh) {

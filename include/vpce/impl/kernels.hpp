@@ -121,6 +121,30 @@ struct reads_pairs<Z, std::void_t<decltype(Z::pairs)>> : std::bool_constant<Z::p
 template <class Z>
 inline constexpr bool reads_pairs_v = reads_pairs<Z>::value;
 
+/// Whether the terms f of HostInner::sums_max take their exps 16 columns at a time (ExpTerms::in_lanes).
+template <class F, class = void>
+struct exps_in_lanes : std::false_type {};
+template <class F>
+struct exps_in_lanes<F, std::void_t<decltype(F::in_lanes)>> : std::bool_constant<F::in_lanes> {};
+template <class F>
+inline constexpr bool exps_in_lanes_v = exps_in_lanes<F>::value;
+
+/// A column's value that takes one exp: value(j, x_j, e) with x_j = x(j) and e = exp(x_j - shift) by the exp per
+/// element (exp_per_element<A>), for Inner::store. v(j) on every policy; where exp_in_lanes<T, A> (in_lanes),
+/// HostInner's lines take their exps 16 columns at a time (HostInner::values), with the same bits.
+template <class T, ExpAccuracy A, class X, class V>
+struct ExpValue {
+  static constexpr bool in_lanes = exp_in_lanes<T, A>;
+  static constexpr ExpAccuracy accuracy = A;
+  const X& x;
+  T shift;
+  const V& value;
+  KOKKOS_FORCEINLINE_FUNCTION T operator()(std::int64_t j) const {
+    const T xj = x(j);
+    return value(j, xj, exp_per_element<A>(xj - shift));
+  }
+};
+
 /// The columns of a row reader z from j0 on: z(j0 + j), and its pairs where z has them.
 template <class Z>
 struct ColumnsFrom {
@@ -185,13 +209,31 @@ struct HostInner {
     return chunked_sums<T, K, lanes>(
         n, max, ahead, pace,
         [&](std::int64_t j, T(&part)[K][lanes], T(&mx)[lanes]) {
-          VPCE_SIMD
-          for (std::int64_t l = 0; l < lanes; ++l) {
-            const T v = g(j + l);
-            const Terms<T, K> e = f(j + l);
-            part[0][l] += e.v[0];  // no loop over k here: GCC does not vectorise the l loop around one
-            if constexpr (K > 1) part[1][l] += e.v[1];
-            mx[l] = v > mx[l] ? v : mx[l];
+          if constexpr (exps_in_lanes_v<F>) {
+            static_assert(lanes == 16, "16 exps at a time");
+            T u[16], e[16];
+            VPCE_SIMD
+            for (std::int64_t l = 0; l < 16; ++l) {
+              const T v = g(j + l);
+              u[l] = f.arg(j + l);
+              mx[l] = v > mx[l] ? v : mx[l];
+            }
+            exp_lanes16<F::accuracy>(u, e);
+            VPCE_SIMD
+            for (std::int64_t l = 0; l < 16; ++l) {
+              const Terms<T, K> t = f.terms(j + l, u[l], e[l]);
+              part[0][l] += t.v[0];
+              if constexpr (K > 1) part[1][l] += t.v[1];
+            }
+          } else {
+            VPCE_SIMD
+            for (std::int64_t l = 0; l < lanes; ++l) {
+              const T v = g(j + l);
+              const Terms<T, K> e = f(j + l);
+              part[0][l] += e.v[0];  // no loop over k here: GCC does not vectorise the l loop around one
+              if constexpr (K > 1) part[1][l] += e.v[1];
+              mx[l] = v > mx[l] ? v : mx[l];
+            }
           }
         },
         [&](std::int64_t j) { return g(j); }, [&](std::int64_t j, T) { return f(j); });
@@ -243,11 +285,14 @@ struct HostInner {
     const std::int64_t whole = n - n % lanes;
     for (std::int64_t j0 = 0; j0 < whole; j0 += chunk) {
       const std::int64_t j1 = j0 + chunk < whole ? j0 + chunk : whole;
-      T part[K][lanes] = {};
+      T part[K][lanes] = {}, cmx[lanes];  // the chunk's maxima apart, so that GCC keeps them in registers
+      for (std::int64_t l = 0; l < lanes; ++l) cmx[l] = neg_inf<T>();
       for (std::int64_t j = j0; j < j1; j += lanes) {
         ahead.at(j, lanes);
-        step(j, part, mx);
+        step(j, part, cmx);
       }
+      VPCE_SIMD
+      for (std::int64_t l = 0; l < lanes; ++l) mx[l] = cmx[l] > mx[l] ? cmx[l] : mx[l];
       for (int k = 0; k < K; ++k) {
         for (std::int64_t g16 = 0; g16 < lanes; g16 += 16) {  // 16 at a time: GCC leaves 32 scalar on SSE
           VPCE_SIMD
@@ -307,16 +352,39 @@ struct HostInner {
   template <class G, class F>
   KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN static void round_line(G* line, const F& v, std::int64_t j) {
     constexpr std::int64_t lanes = 64 / std::int64_t(sizeof(G));
-    if constexpr (have_round_line_hw<G>) {
+    if constexpr (have_round_line_hw<G> || exps_in_lanes_v<F>) {
       alignas(64) float f[lanes];
-      VPCE_SIMD
-      for (std::int64_t l = 0; l < lanes; ++l) f[l] = v(j + l);
-      if (round_line_hw(line, f)) return;
+      values(v, j, f);
+      if constexpr (have_round_line_hw<G>) {
+        if (round_line_hw(line, f)) return;
+      }
       VPCE_SIMD
       for (std::int64_t l = 0; l < lanes; ++l) line[l] = to_storage<G>(f[l]);
     } else {
       VPCE_SIMD
       for (std::int64_t l = 0; l < lanes; ++l) line[l] = to_storage<G>(v(j + l));
+    }
+  }
+  /// f[l] = v(j + l) for l < lanes; an ExpValue v that takes its exps in lanes: 16 at a time (exp_lanes16), the
+  /// columns' x and exp arguments formed before, their values after.
+  template <class F, class T, std::int64_t lanes>
+  KOKKOS_FORCEINLINE_FUNCTION static void values(const F& v, std::int64_t j, T (&f)[lanes]) {
+    if constexpr (exps_in_lanes_v<F>) {
+      static_assert(lanes % 16 == 0, "16 exps at a time");
+      for (std::int64_t g16 = 0; g16 < lanes; g16 += 16) {
+        T xs[16], u[16], e[16];
+        VPCE_SIMD
+        for (std::int64_t l = 0; l < 16; ++l) {
+          xs[l] = v.x(j + g16 + l);
+          u[l] = xs[l] - v.shift;
+        }
+        exp_lanes16<F::accuracy>(u, e);
+        VPCE_SIMD
+        for (std::int64_t l = 0; l < 16; ++l) f[g16 + l] = v.value(j + g16 + l, xs[l], e[l]);
+      }
+    } else {
+      VPCE_SIMD
+      for (std::int64_t l = 0; l < lanes; ++l) f[l] = v(j + l);
     }
   }
   /// y[j] = G(v(j)) for j in [0, n) (v gives G's compute type), then y[c] = fix if 0 <= c < n; the row v
@@ -473,8 +541,12 @@ struct HostInner {
   /// by more than 80, online() discards the chunk's terms and does them again (again()), so exp never
   /// overflows in a result that is kept. `Mark` (the exps stored over the logits): where u = x_j - m > 80, -u
   /// is stored instead of e, for again() (an exp is never negative).
+  /// Where exp_in_lanes<T, A>, sums_max takes the exps of 16 columns at a time apart (exp_lanes16): arg(j)
+  /// gives column j's u, terms(j, u, e) the rest.
   template <int K, bool Store, bool Mark, ExpAccuracy A, class T, class Z, class X>
   struct ExpTerms {
+    static constexpr bool in_lanes = exp_in_lanes<T, A>;
+    static constexpr ExpAccuracy accuracy = A;
     const Z& z;
     const X& x;
     T* y;
@@ -483,7 +555,11 @@ struct HostInner {
     /// Column j's terms from its value zj = z(j).
     KOKKOS_FORCEINLINE_FUNCTION Terms<T, K> at(std::int64_t j, T zj) const {
       const T u = x(zj) - m;
-      const T e = fast_exp_no_overflow<A>(u);
+      return terms(j, u, exp_per_element<A>(u));
+    }
+    KOKKOS_FORCEINLINE_FUNCTION T arg(std::int64_t j) const { return x(z(j)) - m; }
+    /// Column j's terms from u = x_j - m and its exp e.
+    KOKKOS_FORCEINLINE_FUNCTION Terms<T, K> terms(std::int64_t j, T u, T e) const {
       if constexpr (Store) y[j] = Mark ? select(u > T(80), -u, e) : e;
       if constexpr (K == 1) {
         return {{e}};
@@ -548,7 +624,7 @@ struct HostInner {
                                                              T d) const {
     static_assert(!FromStored || K == 1, "the entropy's sum needs x - m beside each stored exp");
     const T half = fast_exp(d * T(-0.5));
-    auto exp_again = [&](T u, T e0, bool big) { return select(big, fast_exp_no_overflow<A>(u - d), e0 * half * half); };
+    auto exp_again = [&](T u, T e0, bool big) { return select(big, exp_per_element<A>(u - d), e0 * half * half); };
     // Each lambda below forms its Terms in its return statement: GCC leaves the loop scalar where a Terms is
     // copied out of a named one ("more than one data ref").
     auto terms = [&](T e, T u) -> Terms<T, K> {
@@ -577,7 +653,7 @@ struct HostInner {
           len,
           [&](std::int64_t j) {
             const T u = x(z(j)) - m;
-            return terms(exp_again(u, fast_exp_no_overflow<A>(u), u > T(80)), u);
+            return terms(exp_again(u, exp_per_element<A>(u), u > T(80)), u);
           },
           no_max, &unused);
     }
@@ -585,7 +661,7 @@ struct HostInner {
         len,
         [&](std::int64_t j) {
           const T u = x(z(j)) - m;
-          const T e = exp_again(u, fast_exp_no_overflow<A>(u), u > T(80));
+          const T e = exp_again(u, exp_per_element<A>(u), u > T(80));
           y[j] = e;
           return terms(e, u);
         },
@@ -1352,23 +1428,31 @@ class Finalize {
     const S* x = k.x;
     const bool weighted = p.weights != nullptr;
     // y_j = (term(x_j) - smooth(j)) dx_j/dz_j, and the target's value formed apart (fix).
+    // term(x_j, e) with e = exp(x_j - lse).
+    constexpr ExpAccuracy A = exp_accuracy<S>;
     auto write_row = [&](const auto& term, const auto& smooth) {
-      const G fix = G(c >= 0 ? ((term(xc) - smooth(c)) - kt) * chain_c : T(0));
-      in.store(
-          m_a.n, yr,
-          [&](std::int64_t j) {
-            const T xj = p.template transform<Capped>(to_compute(x[j]));
-            return (term(xj) - smooth(j)) * p.template chain<Capped>(xj);
-          },
-          fix_at, fix, m_store, Ahead<read_hint<S>>::of(x));
+      const G fix = G(c >= 0 ? ((term(xc, exp_per_element<A>(xc - l)) - smooth(c)) - kt) * chain_c : T(0));
+      auto xs = [&](std::int64_t j) { return p.template transform<Capped>(to_compute(x[j])); };
+      auto value = [&](std::int64_t j, T xj, T e) {
+        return (term(xj, e) - smooth(j)) * p.template chain<Capped>(xj);
+      };
+      if constexpr (exp_in_lanes<T, A>) {
+        in.store(m_a.n, yr, ExpValue<T, A, decltype(xs), decltype(value)>{xs, l, value}, fix_at, fix, m_store,
+                 Ahead<read_hint<S>>::of(x));
+      } else {
+        in.store(
+            m_a.n, yr,
+            [&](std::int64_t j) {
+              const T xj = xs(j);
+              return value(j, xj, exp_per_element<A>(xj - l));
+            },
+            fix_at, fix, m_store, Ahead<read_hint<S>>::of(x));
+      }
     };
-    auto softmax = [&](T xj) { return fast_exp_no_overflow<exp_accuracy<S>>(xj - l) * kp; };
+    auto softmax = [&](T, T e) { return e * kp; };
     // The entropy's term p_j beta (mu - x_j): 0 where p_j is 0 (a -inf logit).
     const T kb = gi * p.beta;
-    auto entropic = [&](T xj) {
-      const T e = fast_exp_no_overflow<exp_accuracy<S>>(xj - l);
-      return select(e == T(0), T(0), e * (kp + kb * (mu - (xj - r.m))));
-    };
+    auto entropic = [&](T xj, T e) { return select(e == T(0), T(0), e * (kp + kb * (mu - (xj - r.m)))); };
     // The terms of the target distribution at column j: A w_j / V, and with probability targets
     // (1 - A) w_j q_j (w_j = 1 without class weights).
     auto smooth = [&](std::int64_t) { return ka; };

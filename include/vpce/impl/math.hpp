@@ -13,11 +13,19 @@
 /// flushed), x > hi gives +inf. Largest relative error over [lo, ln(max)] (unit_tests/test_math.cpp): 1.0e-7 for float
 /// (every 7th float: 8.8e-8), 3.1e-6 for float with ExpAccuracy::input16 (2.9e-6 without FMA), 1.8e-16 for double.
 ///
+/// Where GCC builds for AVX-512 (VPCE_EXP_TABLE) the host's hot loops take float's `full` exps per element in a
+/// table form instead (exp_table_no_overflow: 2^(k/16) from a 16-entry table held in a register, a degree-3
+/// polynomial on |r| <= ln2/32; 1.2e-7), 16 at a time in GCC's vector extensions (exp_lanes16): the exp-and-sum
+/// loop 16% faster, the fp32 forward 14% in cache on an AMD Zen 5 (perf_tests/NOTES.md, issue 12, twenty-second
+/// round). On AVX2 the table's two permutes and blend per 8 lanes cost what it saves, on SSE4.2 more.
+///
 /// The range checks are integer selects (bits.hpp), not branches: GCC vectorises the loops for SSE4.2 and
 /// AVX2 as well as AVX-512, under the default -ftrapping-math (checked by the vpce_vectorized test).
 
 #include <Kokkos_Core.hpp>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "vpce/impl/bits.hpp"
 #include "vpce/impl/compat.hpp"
@@ -30,6 +38,17 @@
 #define VPCE_HOST_FMA 1
 #else
 #define VPCE_HOST_FMA 0
+#endif
+
+// Whether float's `full` exps per element take the 16-entry table form (exp_table_no_overflow): host code compiled
+// by GCC for AVX-512, where one vpermps reads the table from a register (exp_lanes16). Elsewhere the table costs
+// what it saves (AVX2: two permutes and a blend per 8 lanes, measured even) or more (SSE4.2 +12%; NEON and Clang
+// have no variable two-register shuffle of GCC's form), and the polynomial stays. nvcc's front end is kept out.
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__INTEL_COMPILER) && !defined(__INTEL_LLVM_COMPILER) && \
+    defined(__AVX512F__) && !defined(__CUDACC__) && !defined(__HIPCC__) && !defined(__SYCL_DEVICE_ONLY__)
+#define VPCE_EXP_TABLE 1
+#else
+#define VPCE_EXP_TABLE 0
 #endif
 
 namespace vpce::impl {
@@ -99,6 +118,35 @@ KOKKOS_FORCEINLINE_FUNCTION float fast_exp(float x) {
   return select(x > hi, from_bits(0x7f800000u), fast_exp_no_overflow<A>(x));
 }
 
+/// 2^(k/16) for k = 0, ..., 15, rounded to float.
+inline constexpr float exp2_sixteenths[16] = {
+    1.0f,          1.0442737824274138f, 1.0905077326652577f, 1.1387886347566916f, 1.189207115002721f,  1.241857812073484f,
+    1.2968395546510096f, 1.3542555469368927f, 1.4142135623730951f, 1.4768261459394993f, 1.5422108254079407f,
+    1.6104903319492543f, 1.681792830507429f,  1.7562521603732995f, 1.8340080864093424f, 1.9152065613971474f};
+
+/// exp(x) for float in its table form: x = (16 n + k) ln2/16 + r with |r| <= ln2/32, exp(x) = f (1 + q(r)),
+/// f = 2^n 2^(k/16) (the table's entry k with n added to its exponent bits: no multiply) and q(r) = r + r^2/2 +
+/// r^3/6 (9e-9 before rounding), the last step f + f q one fused multiply-add, so that 1 + q is never rounded.
+/// Three multiply-adds fewer than the degree-6 polynomial for one permute where the table sits in a register
+/// (exp_lanes16). Largest relative error 1.2e-7 (unit_tests/test_math.cpp; the polynomial's 1.0e-7): the
+/// entry's rounding and the result's. For x <= 88 (n <= 127), -inf and NaN it is exp(x), 0 and NaN; below lo 0;
+/// above 88 its result is unspecified (callers discard it, as fast_exp_no_overflow's above 89).
+KOKKOS_FORCEINLINE_FUNCTION float exp_table_no_overflow(float x) {
+  constexpr float lo = -86.98f;
+  constexpr float magic = 12582912.0f;  // 1.5 * 2^23
+  const float t = x * 23.083120654223414f + magic;  // 16 / ln2
+  const float n = t - magic;
+  float r = x - n * 0.0433216094970703125f;  // (ln2 / 16)'s upper 12 bits: exact for |16 n + k| < 2^12
+  r = r - n * 8.9287926269338577e-8f;
+  float q = 0.16666667f;
+  q = q * r + 0.5f;
+  q = q * r + 1.0f;
+  q = q * r;
+  const std::uint32_t k = as_bits(t) - as_bits(magic);  // 16 n + k, two's complement
+  const float f = from_bits(as_bits(exp2_sixteenths[k & 15u]) + (std::uint32_t(std::int32_t(k) >> 4) << 23));
+  return select(x < lo, 0.0f, q * f + f);
+}
+
 /// As for float, for x <= 710 (always `full`).
 template <ExpAccuracy = ExpAccuracy::full>
 KOKKOS_FORCEINLINE_FUNCTION double fast_exp_no_overflow(double x) {
@@ -131,6 +179,55 @@ template <ExpAccuracy = ExpAccuracy::full>
 KOKKOS_FORCEINLINE_FUNCTION double fast_exp(double x) {
   constexpr double hi = 710.0;  // n <= 1024
   return select(x > hi, from_bits(std::uint64_t(0x7ff0000000000000u)), fast_exp_no_overflow(x));
+}
+
+/// The exp per element the host's hot loops take for float with accuracy A: exp_table_no_overflow for `full`
+/// where VPCE_EXP_TABLE, else fast_exp_no_overflow<A>. Double: fast_exp_no_overflow.
+template <ExpAccuracy A>
+KOKKOS_FORCEINLINE_FUNCTION float exp_per_element(float x) {
+#if VPCE_EXP_TABLE
+  if constexpr (A == ExpAccuracy::full) return exp_table_no_overflow(x);
+#endif
+  return fast_exp_no_overflow<A>(x);
+}
+template <ExpAccuracy A>
+KOKKOS_FORCEINLINE_FUNCTION double exp_per_element(double x) {
+  return fast_exp_no_overflow(x);
+}
+
+/// Whether exp_lanes16<A> over T is the table form in vector registers (a separate step of the loops that
+/// take it: HostInner::sums_max, HostInner::values), rather than an exp a vectorised loop inlines.
+template <class T, ExpAccuracy A>
+inline constexpr bool exp_in_lanes = VPCE_EXP_TABLE != 0 && std::is_same_v<T, float> && A == ExpAccuracy::full;
+
+/// e[l] = exp_per_element<A>(u[l]) for l < 16, the same bits; where exp_in_lanes, one 512-bit vector whose
+/// table lookup is one permute (GCC's vector extensions; a scalar loop would load the entries one by one).
+template <ExpAccuracy A, class T>
+KOKKOS_FORCEINLINE_FUNCTION void exp_lanes16(const T (&u)[16], T (&e)[16]) {
+#if VPCE_EXP_TABLE
+  if constexpr (exp_in_lanes<T, A>) {
+    typedef float vf __attribute__((vector_size(64)));
+    typedef std::int32_t vi __attribute__((vector_size(64)));
+    typedef std::uint32_t vu __attribute__((vector_size(64)));
+    vf x, table;
+    for (int l = 0; l < 16; ++l) x[l] = u[l];
+    std::memcpy(&table, exp2_sixteenths, sizeof(table));
+    constexpr float magic = 12582912.0f;
+    const vf t = x * 23.083120654223414f + magic;
+    const vf n = t - magic;
+    vf r = x - n * 0.0433216094970703125f;
+    r = r - n * 8.9287926269338577e-8f;
+    vf q = 0.16666667f * r + 0.5f;
+    q = q * r + 1.0f;
+    q = q * r;
+    const vi k = vi(t) - vi(vf{} + magic);
+    const vf f = vf(vu(__builtin_shuffle(table, k & 15)) + (vu(k >> 4) << 23));
+    const vf y = x < -86.98f ? vf{} : q * f + f;
+    for (int l = 0; l < 16; ++l) e[l] = y[l];
+    return;
+  }
+#endif
+  for (int l = 0; l < 16; ++l) e[l] = exp_per_element<A>(u[l]);  // (no loop takes it: see exp_in_lanes)
 }
 
 /// tanh for the softcap: 1 - 2 / (exp(2u) + 1) with fast_exp, an odd Taylor polynomial for |u| < 1/8 where
