@@ -47,6 +47,7 @@
 #if defined(__GNUC__) && !defined(__clang__) && !defined(__INTEL_COMPILER) && !defined(__INTEL_LLVM_COMPILER) && \
     defined(__AVX512F__) && !defined(__CUDACC__) && !defined(__HIPCC__) && !defined(__SYCL_DEVICE_ONLY__)
 #define VPCE_EXP_TABLE 1
+#include <immintrin.h>
 #else
 #define VPCE_EXP_TABLE 0
 #endif
@@ -83,7 +84,7 @@ KOKKOS_FORCEINLINE_FUNCTION float fast_exp_no_overflow(float x) {
   } else
 #endif
   {
-    r = x - n * 0.693145751953125f;  // ln2's upper 12 bits: n times it is exact for |n| < 2^12
+    r = x - n * 0.693145751953125f;  // ln2's upper 15 bits: n times it is exact for |n| < 2^9
     r = r - n * 1.42860682030941723212e-6f;
   }
   float p;
@@ -136,15 +137,22 @@ KOKKOS_FORCEINLINE_FUNCTION float exp_table_no_overflow(float x) {
   constexpr float magic = 12582912.0f;  // 1.5 * 2^23
   const float t = x * 23.083120654223414f + magic;  // 16 / ln2
   const float n = t - magic;
-  float r = x - n * 0.0433216094970703125f;  // (ln2 / 16)'s upper 12 bits: exact for |16 n + k| < 2^12
-  r = r - n * 8.9287926269338577e-8f;
+  // (ln2 / 16)'s upper 12 bits: n times them is exact for |16 n + k| < 2^12, so that r does not depend on
+  // whether the compiler fuses the multiply-adds (at -O0 it does not).
+  float r = x - n * 0.0433197021484375f;
+  r = r - n * 1.9966364561696537e-6f;
   float q = 0.16666667f;
   q = q * r + 0.5f;
   q = q * r + 1.0f;
   q = q * r;
   const std::uint32_t k = as_bits(t) - as_bits(magic);  // 16 n + k, two's complement
   const float f = from_bits(as_bits(exp2_sixteenths[k & 15u]) + (std::uint32_t(std::int32_t(k) >> 4) << 23));
-  return select(x < lo, 0.0f, q * f + f);
+#if VPCE_HOST_FMA
+  const float e = __builtin_fmaf(q, f, f);  // fused whatever the optimisation level (exp_lanes16 too)
+#else
+  const float e = q * f + f;
+#endif
+  return select(x < lo, 0.0f, e);
 }
 
 /// As for float, for x <= 710 (always `full`).
@@ -215,14 +223,14 @@ KOKKOS_FORCEINLINE_FUNCTION void exp_lanes16(const T (&u)[16], T (&e)[16]) {
     constexpr float magic = 12582912.0f;
     const vf t = x * 23.083120654223414f + magic;
     const vf n = t - magic;
-    vf r = x - n * 0.0433216094970703125f;
-    r = r - n * 8.9287926269338577e-8f;
+    vf r = x - n * 0.0433197021484375f;
+    r = r - n * 1.9966364561696537e-6f;
     vf q = 0.16666667f * r + 0.5f;
     q = q * r + 1.0f;
     q = q * r;
-    const vi k = vi(t) - vi(vf{} + magic);
+    const vi k = vi(vu(t) - vu(vf{} + magic));  // unsigned: t may be any bits (NaN, inf)
     const vf f = vf(vu(__builtin_shuffle(table, k & 15)) + (vu(k >> 4) << 23));
-    const vf y = x < -86.98f ? vf{} : q * f + f;
+    const vf y = x < -86.98f ? vf{} : vf(_mm512_fmadd_ps(__m512(q), __m512(f), __m512(f)));
     for (int l = 0; l < 16; ++l) e[l] = y[l];
     return;
   }
