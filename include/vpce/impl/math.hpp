@@ -16,7 +16,7 @@
 /// Where GCC builds for AVX-512 (VPCE_EXP_TABLE) the host's hot loops take float's `full` exps per element in a
 /// table form instead (exp_table_no_overflow: 2^(k/16) from a 16-entry table held in a register, a degree-3
 /// polynomial on |r| <= ln2/32; 1.2e-7), 16 at a time in GCC's vector extensions (exp_lanes16): the exp-and-sum
-/// loop 16% faster, the fp32 forward 14% in cache on an AMD Zen 5 (perf_tests/NOTES.md, issue 12, twenty-second
+/// loop 16% faster, the fp32 forward 13% in cache on an AMD Zen 5 (perf_tests/NOTES.md, issue 12, twenty-second
 /// round). On AVX2 the table's two permutes and blend per 8 lanes cost what it saves, on SSE4.2 more.
 ///
 /// The range checks are integer selects (bits.hpp), not branches: GCC vectorises the loops for SSE4.2 and
