@@ -1436,6 +1436,8 @@ class Finalize {
       auto value = [&](std::int64_t j, T xj, T e) {
         return (term(xj, e) - smooth(j)) * p.template chain<Capped>(xj);
       };
+      // ExpValue only where its exps go 16 at a time: as the value of every type it cost the bfloat16 backward
+      // 4% in cache with the same exps (perf_tests/NOTES.md, issue 12, twenty-second round).
       if constexpr (exp_in_lanes<T, A>) {
         in.store(m_a.n, yr, ExpValue<T, A, decltype(xs), decltype(value)>{xs, l, value}, fix_at, fix, m_store,
                  Ahead<read_hint<S>>::of(x));
