@@ -9,9 +9,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <utility>
+#include <vector>
 
 #include "vpce/half.hpp"
 #include "vpce/impl/kernels.hpp"
@@ -227,6 +230,104 @@ TEST(Math, Float16AllPatterns) {
     }
     ASSERT_EQ(vpce::float16(f).bits, h.bits) << b;
   }
+}
+
+// float16 widened by the CPU's instructions where the build has them (widen16_hw: the chunks of float16 logits
+// in HostInner::online) has float(float16)'s bits for all 65536 patterns, from any alignment, but a signalling
+// NaN, which the instruction quiets.
+TEST(Math, Float16WidenedSameBitsAsScalar) {
+  alignas(64) vpce::float16 h[17];
+  float f[16];
+  for (std::uint32_t b0 = 0; b0 < 65536; b0 += 16) {
+    for (int skew = 0; skew < 2; ++skew) {
+      for (int l = 0; l < 16; ++l) h[skew + l].bits = static_cast<std::uint16_t>(b0 + l);
+      vpce::impl::widen16_hw(h + skew, f);
+      for (int l = 0; l < 16; ++l) {
+        const std::uint32_t want = vpce::impl::as_bits(static_cast<float>(h[skew + l]));
+        const bool signalling = (want & 0x7fc00000u) == 0x7f800000u && (want & 0x003fffffu) != 0;
+        const std::uint32_t quiet = vpce::impl::have_widen_hw<vpce::float16> && signalling ? 0x00400000u : 0u;
+        ASSERT_EQ(vpce::impl::as_bits(f[l]), want | quiet) << (b0 + l);
+      }
+    }
+  }
+}
+
+// The one-pass statistics of rows of float16 logits (HostInner::online_stats, the chunks widened to float where
+// the build has F16C) have the bits of the same loops reading the logits in software (a reader without
+// `widens`): rows of 1 to 3 chunks and a tail, with and without stored exps, the entropy and the sum of x.
+struct Float16InSoftware {  // Logits<float16> but for widening
+  static constexpr bool pairs = vpce::impl::Logits<vpce::float16>::pairs;
+  vpce::impl::Logits<vpce::float16> z;
+  float operator()(std::int64_t j) const { return z(j); }
+  auto pair(std::int64_t j) const { return z.pair(j); }
+};
+TEST(Math, Float16StatisticsWidenedSameBits) {
+  using vpce::impl::ExpAccuracy;
+  std::mt19937 gen(11);
+  std::normal_distribution<float> logit(0.0f, 4.0f);
+  for (std::int64_t n : {std::int64_t(100), std::int64_t(4096), std::int64_t(3 * 4096 + 77), std::int64_t(-3 * 4096 - 77)}) {
+    // n < 0: |n| columns, the first chunk and some masked (-inf)
+    std::vector<vpce::float16> x(std::size_t(std::abs(n) + 1));
+    for (auto& v : x) v = vpce::float16(logit(gen));
+    x[x.size() / 2] = vpce::float16(40.0f);  // a later chunk's max far above the first's
+    if (n < 0) {
+      for (std::size_t j = 0; j < 4200; ++j) x[j] = vpce::float16(-std::numeric_limits<float>::infinity());
+      n = -n;
+    }
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool entropy = variant == 1, stored = variant >= 2, sum_x = variant == 3;
+      const std::size_t cols = static_cast<std::size_t>(n);
+      std::vector<float> ea(cols), eb(cols), ca(8), cb(8);
+      auto run = [&](const auto& z, std::vector<float>& e, std::vector<float>& cm) {
+        const vpce::impl::HostInner in;
+        auto transform = [](float v) { return 0.5f * v; };
+        return in.online_stats<float, vpce::impl::sum_lanes<vpce::float16>, ExpAccuracy::input16>(
+            n, z, transform, sum_x, nullptr, entropy, stored ? e.data() : nullptr, false,
+            [&](std::int64_t c, float m) { cm[std::size_t(c)] = m; }, vpce::impl::Ahead<vpce::impl::Hint::l2>::of(x.data()));
+      };
+      const auto a = run(vpce::impl::Logits<vpce::float16>{x.data() + 1}, ea, ca);
+      const auto b = run(Float16InSoftware{{x.data() + 1}}, eb, cb);
+      for (const auto& [u, v] : {std::pair(a.m, b.m), std::pair(a.s, b.s), std::pair(a.zmax, b.zmax),
+                                 std::pair(a.sx, b.sx), std::pair(a.h, b.h)}) {
+        ASSERT_EQ(vpce::impl::as_bits(u), vpce::impl::as_bits(v)) << n << " " << variant;
+      }
+      for (std::size_t j = 0; j < ea.size(); ++j) ASSERT_EQ(vpce::impl::as_bits(ea[j]), vpce::impl::as_bits(eb[j])) << j;
+      ASSERT_EQ(ca, cb);
+    }
+  }
+}
+
+// The values of a row written from float16 logits (HostInner::store of a WidenedExpValue: the backward from the
+// logits, the logits widened 16 at a time where the build has F16C) have the bits of the same store reading the
+// logits in software, column by column: into float and float16 rows, plain and streaming, from any alignment.
+template <class G>
+void expect_widened_values_same_bits() {
+  using vpce::impl::ExpAccuracy;
+  std::mt19937 gen(13);
+  std::normal_distribution<float> logit(0.0f, 4.0f);
+  const std::int64_t n = 1000;
+  std::vector<vpce::float16> x(std::size_t(n + 1));
+  for (auto& v : x) v = vpce::float16(logit(gen));
+  auto transform = [](float z) { return 0.5f * z; };
+  auto value = [](std::int64_t j, float xj, float e) { return e * 0.25f - (j == 7 ? xj : 0.0f); };
+  const vpce::impl::HostInner in;
+  for (int skew = 0; skew < 2; ++skew) {
+    const vpce::impl::WidenedExpValue<float, ExpAccuracy::input16, vpce::float16, decltype(transform), decltype(value)>
+        v{x.data() + skew, transform, 1.5f, value};
+    auto software = [&](std::int64_t j) { return v(j); };  // no `widens`: float(float16) per column
+    for (const auto how : {vpce::impl::Store::plain, vpce::impl::Store::streaming}) {
+      alignas(64) G a[n + 32], b[n + 32];
+      in.store(n, a + skew, v, 3, G(1.0f), how);
+      in.store(n, b + skew, software, 3, G(1.0f), how);
+      for (std::int64_t j = 0; j < n; ++j) {
+        ASSERT_EQ(std::memcmp(&a[skew + j], &b[skew + j], sizeof(G)), 0) << j << " " << skew;
+      }
+    }
+  }
+}
+TEST(Math, Float16ValuesWidenedSameBits) {
+  expect_widened_values_same_bits<float>();
+  expect_widened_values_same_bits<vpce::float16>();
 }
 
 // The gradient's lines of 16-bit values (HostInner::round_line: the CPU's conversion instructions where built

@@ -121,6 +121,26 @@ struct reads_pairs<Z, std::void_t<decltype(Z::pairs)>> : std::bool_constant<Z::p
 template <class Z>
 inline constexpr bool reads_pairs_v = reads_pairs<Z>::value;
 
+/// A chunk of a row of logits z whose type the CPU widens to float by its own instructions (have_widen_hw:
+/// float16 with F16C), read from the floats zs it was widened into (HostInner::online): z(j) and, where z has
+/// them, pair(j) as z's, the same values (a signalling NaN quieted). 16 float16 values in software take ~10
+/// integer operations per vector in every loop that reads them; here one vcvtph2ps, once per column.
+template <bool Pairs>
+struct Widened {
+  static constexpr bool pairs = Pairs;
+  struct Pair {
+    float a, b;
+  };
+  const float* zs;
+  KOKKOS_FORCEINLINE_FUNCTION float operator()(std::int64_t j) const { return zs[j]; }
+  KOKKOS_FORCEINLINE_FUNCTION Pair pair(std::int64_t j) const { return {zs[j], zs[j + 1]}; }
+};
+/// Whether HostInner::online widens a row reader z's chunks to float first (Widened).
+template <class Z, class = void>
+struct widens : std::false_type {};
+template <class Z>
+inline constexpr bool widens_v = widens<Z>::value;
+
 /// Whether the terms f of HostInner::sums_max take their exps 16 columns at a time (ExpTerms::in_lanes).
 template <class F, class = void>
 struct exps_in_lanes : std::false_type {};
@@ -144,6 +164,30 @@ struct ExpValue {
     return value(j, xj, exp_per_element<A>(xj - shift));
   }
 };
+
+/// ExpValue for logits z of a type the CPU widens (have_widen_hw: float16 with F16C): x_j = transform(z_j),
+/// value(j, x_j, exp(x_j - shift)); v(j) on every policy, and at(j, z_j) from z_j widened by HostInner's lines
+/// 16 columns at a time (HostInner::values), the same bits.
+template <class T, ExpAccuracy A, class S, class Tr, class V>
+struct WidenedExpValue {
+  static constexpr bool widens = have_widen_hw<S>;
+  const S* z;
+  const Tr& transform;
+  T shift;
+  const V& value;
+  KOKKOS_FORCEINLINE_FUNCTION T at(std::int64_t j, T zj) const {
+    const T xj = transform(zj);
+    return value(j, xj, exp_per_element<A>(xj - shift));
+  }
+  KOKKOS_FORCEINLINE_FUNCTION T operator()(std::int64_t j) const { return at(j, T(z[j])); }
+};
+/// Whether a column's value v (Inner::store) takes its logits widened 16 at a time (WidenedExpValue::widens).
+template <class F, class = void>
+struct widens_values : std::false_type {};
+template <class F>
+struct widens_values<F, std::void_t<decltype(F::widens)>> : std::bool_constant<F::widens> {};
+template <class F>
+inline constexpr bool widens_values_v = widens_values<F>::value;
 
 /// The columns of a row reader z from j0 on: z(j0 + j), and its pairs where z has them.
 template <class Z>
@@ -352,7 +396,7 @@ struct HostInner {
   template <class G, class F>
   KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN static void round_line(G* line, const F& v, std::int64_t j) {
     constexpr std::int64_t lanes = 64 / std::int64_t(sizeof(G));
-    if constexpr (have_round_line_hw<G> || exps_in_lanes_v<F>) {
+    if constexpr (have_round_line_hw<G> || exps_in_lanes_v<F> || widens_values_v<F>) {
       alignas(64) float f[lanes];
       values(v, j, f);
       if constexpr (have_round_line_hw<G>) {
@@ -366,7 +410,8 @@ struct HostInner {
     }
   }
   /// f[l] = v(j + l) for l < lanes; an ExpValue v that takes its exps in lanes: 16 at a time (exp_lanes16), the
-  /// columns' x and exp arguments formed before, their values after.
+  /// columns' x and exp arguments formed before, their values after; a WidenedExpValue that widens: its logits
+  /// 16 at a time (widen16_hw), then their values.
   template <class F, class T, std::int64_t lanes>
   KOKKOS_FORCEINLINE_FUNCTION static void values(const F& v, std::int64_t j, T (&f)[lanes]) {
     if constexpr (exps_in_lanes_v<F>) {
@@ -381,6 +426,14 @@ struct HostInner {
         exp_lanes16<F::accuracy>(u, e);
         VPCE_SIMD
         for (std::int64_t l = 0; l < 16; ++l) f[g16 + l] = v.value(j + g16 + l, xs[l], e[l]);
+      }
+    } else if constexpr (widens_values_v<F>) {
+      static_assert(lanes % 16 == 0, "16 columns at a time");
+      for (std::int64_t g16 = 0; g16 < lanes; g16 += 16) {
+        T zs[16];
+        widen16_hw(v.z + j + g16, zs);
+        VPCE_SIMD
+        for (std::int64_t l = 0; l < 16; ++l) f[g16 + l] = v.at(j + g16 + l, zs[l]);
       }
     } else {
       VPCE_SIMD
@@ -455,6 +508,17 @@ struct HostInner {
   }
 
  private:
+  /// zs[j] = float(x[j]) for j in [0, n) by the CPU's instructions (widen16_hw), x prefetched `ahead`.
+  template <class S, Hint H>
+  KOKKOS_FORCEINLINE_FUNCTION static void widen(std::int64_t n, const S* x, float* zs, const Ahead<H>& ahead) {
+    const std::int64_t whole = n - n % 32;
+    for (std::int64_t j = 0; j < whole; j += 32) {
+      ahead.at(j, 32);
+      widen16_hw(x + j, zs + j);
+      widen16_hw(x + j + 16, zs + j + 16);
+    }
+    for (std::int64_t j = whole; j < n; ++j) zs[j] = float(x[j]);
+  }
   /// y[j] = v(j) for j in [0, n), prefetching `ahead` once per 64 bytes of y; whole lines by round_line, so
   /// that a 16-bit G is rounded by the CPU's conversions where the build has them (bfloat16 in place -15%,
   /// backward -22% on an AMD EPYC Zen 5 against to_storage's integer rounding; NOTES.md, issue 12,
@@ -480,60 +544,83 @@ struct HostInner {
     // A provisional max from the row's first 64 columns, so that the first chunk too is read once (its exps
     // against it, its max in the same pass) rather than in two passes; if they are all -inf (or NaN) the
     // first chunk is done in two passes.
-    T zmax = max<T>(n < 64 ? n : 64, z);
-    T m = zmax != neg_inf<T>() ? x(zmax) : neg_inf<T>(), sx = 0;
-    double acc = 0, acc_h = 0;  // acc_h: relative to m, as acc
+    OnlineState<T> st;
+    st.zmax = max<T>(n < 64 ? n : 64, z);
+    st.m = st.zmax != neg_inf<T>() ? x(st.zmax) : neg_inf<T>();
     for (std::int64_t j0 = 0; j0 < n; j0 += chunk_cols) {
       const std::int64_t len = j0 + chunk_cols < n ? chunk_cols : n - j0;
-      const ColumnsFrom<Z> zc{z, j0};
-      T* yc = exps == nullptr ? nullptr : exps + j0;
-      if (sum_x && weights != nullptr) {
-        const T* wc = weights + j0;
-        sx += sum<T>(len, [&](std::int64_t j) { return wc[j] * x(zc(j)); });
-      } else if (sum_x) {
-        sx += sum<T>(len, [&](std::int64_t j) { return x(zc(j)); });
+      if constexpr (widens_v<Z>) {
+        // The chunk widened to float, read from L1 by every loop over it; their prefetches fetch the next
+        // chunk's logits while they compute, so that the widening (a pure read) finds them in cache.
+        alignas(64) float zs[chunk_cols];
+        widen(len, z.x + j0, zs, ahead.from(j0));
+        online_chunk<K, OverLogits, Lanes, A>(j0, len, Widened<reads_pairs_v<Z>>{zs}, x, sum_x, weights, exps,
+                                              chunk_max, ahead.from(j0 + chunk_cols), pace, st);
+      } else {
+        online_chunk<K, OverLogits, Lanes, A>(j0, len, ColumnsFrom<Z>{z, j0}, x, sum_x, weights, exps, chunk_max,
+                                              ahead.from(j0), pace, st);
       }
-      if (m != neg_inf<T>()) {
-        T cz;
-        const Terms<T, K> sc =
-            exp_sums<K, true, Lanes, A, OverLogits>(len, zc, x, yc, m, &cz, ahead.from(j0), PaceFrom<P>{pace, j0});
-        const T m_new = cz > zmax ? x(cz) : m;
-        if (m_new - m <= T(80)) {
-          if (yc != nullptr) chunk_max(j0 / chunk_cols, m);  // what the stored exps are relative to
-          const double e = double(fast_exp(m - m_new)), before = acc + double(sc.v[0]);
-          if constexpr (K == 2) acc_h = (acc_h + double(sc.v[1]) + double(m - m_new) * before) * e;
-          acc = before * e;
-          zmax = cz > zmax ? cz : zmax;
-          m = m_new;
-          continue;
-        }
-        // The chunk's max is more than 80 above m: its terms again against m_new, the sums so far rescaled.
-        const double e = double(fast_exp(m - m_new));
-        if constexpr (K == 2) acc_h = (acc_h + double(m - m_new) * acc) * e;
-        acc *= e;
-        const Terms<T, K> sa = again<K, OverLogits, Lanes, A>(len, zc, x, yc, m, m_new - m);
-        acc += double(sa.v[0]);
-        if constexpr (K == 2) acc_h += double(sa.v[1]);
-        m = m_new;
-        zmax = cz;
-        if (yc != nullptr) chunk_max(j0 / chunk_cols, m);
-        continue;
-      }
-      // m = -inf (every logit so far -inf or NaN): the chunk's max, then its exps against it (from L1). acc is
-      // 0 (or NaN from a NaN among the -inf): it stays as it is.
-      const T cz = max<T>(len, zc);
-      if (cz > zmax) {
-        m = x(cz);
-        zmax = cz;
-      }
-      T unused;
-      const Terms<T, K> sc =
-          exp_sums<K, false, Lanes, A>(len, zc, x, yc, m, &unused, ahead.from(j0), PaceFrom<P>{pace, j0});
-      acc += double(sc.v[0]);
-      if constexpr (K == 2) acc_h += double(sc.v[1]);
-      if (yc != nullptr) chunk_max(j0 / chunk_cols, m);
     }
-    return {m, T(acc), zmax, sx, T(acc_h)};
+    return {st.m, T(st.acc), st.zmax, st.sx, T(st.acc_h)};
+  }
+  /// online's running state: the max m, the max of z, the sum of x, the sums (acc_h relative to m, as acc).
+  template <class T>
+  struct OnlineState {
+    T m, zmax, sx = 0;
+    double acc = 0, acc_h = 0;
+  };
+  /// online's chunk j0 of len columns, read by zc, prefetched by ahd, into the state st.
+  template <int K, bool OverLogits, int Lanes, ExpAccuracy A, class T, class ZC, class X, class ChunkMax, Hint H,
+            class P>
+  KOKKOS_FORCEINLINE_FUNCTION void online_chunk(std::int64_t j0, std::int64_t len, const ZC& zc, const X& x,
+                                                bool sum_x, const T* weights, T* exps, const ChunkMax& chunk_max,
+                                                const Ahead<H>& ahd, const P& pace, OnlineState<T>& st) const {
+    T* yc = exps == nullptr ? nullptr : exps + j0;
+    if (sum_x && weights != nullptr) {
+      const T* wc = weights + j0;
+      st.sx += sum<T>(len, [&](std::int64_t j) { return wc[j] * x(zc(j)); });
+    } else if (sum_x) {
+      st.sx += sum<T>(len, [&](std::int64_t j) { return x(zc(j)); });
+    }
+    if (st.m != neg_inf<T>()) {
+      T cz;
+      const Terms<T, K> sc =
+          exp_sums<K, true, Lanes, A, OverLogits>(len, zc, x, yc, st.m, &cz, ahd, PaceFrom<P>{pace, j0});
+      const T m_new = cz > st.zmax ? x(cz) : st.m;
+      if (m_new - st.m <= T(80)) {
+        if (yc != nullptr) chunk_max(j0 / chunk_cols, st.m);  // what the stored exps are relative to
+        const double e = double(fast_exp(st.m - m_new)), before = st.acc + double(sc.v[0]);
+        if constexpr (K == 2) st.acc_h = (st.acc_h + double(sc.v[1]) + double(st.m - m_new) * before) * e;
+        st.acc = before * e;
+        st.zmax = cz > st.zmax ? cz : st.zmax;
+        st.m = m_new;
+        return;
+      }
+      // The chunk's max is more than 80 above m: its terms again against m_new, the sums so far rescaled.
+      const double e = double(fast_exp(st.m - m_new));
+      if constexpr (K == 2) st.acc_h = (st.acc_h + double(st.m - m_new) * st.acc) * e;
+      st.acc *= e;
+      const Terms<T, K> sa = again<K, OverLogits, Lanes, A>(len, zc, x, yc, st.m, m_new - st.m);
+      st.acc += double(sa.v[0]);
+      if constexpr (K == 2) st.acc_h += double(sa.v[1]);
+      st.m = m_new;
+      st.zmax = cz;
+      if (yc != nullptr) chunk_max(j0 / chunk_cols, st.m);
+      return;
+    }
+    // m = -inf (every logit so far -inf or NaN): the chunk's max, then its exps against it (from L1). acc is 0
+    // (or NaN from a NaN among the -inf): it stays as it is.
+    const T cz = max<T>(len, zc);
+    if (cz > st.zmax) {
+      st.m = x(cz);
+      st.zmax = cz;
+    }
+    T unused;
+    const Terms<T, K> sc =
+        exp_sums<K, false, Lanes, A>(len, zc, x, yc, st.m, &unused, ahd, PaceFrom<P>{pace, j0});
+    st.acc += double(sc.v[0]);
+    if constexpr (K == 2) st.acc_h += double(sc.v[1]);
+    if (yc != nullptr) chunk_max(j0 / chunk_cols, st.m);
   }
 
   /// Column j's terms against the max m: e = exp(x_j - m), stored in y[j] if `Store`, and with K = 2 also
@@ -941,6 +1028,10 @@ struct Logits {
     }
   }
 };
+
+/// Logits of a type the CPU widens (Widened).
+template <class S>
+struct widens<Logits<S>> : std::bool_constant<have_widen_hw<S>> {};
 
 /// The options as the kernels use them (docs/design.md, section 1).
 template <class T>
@@ -1441,6 +1532,10 @@ class Finalize {
       if constexpr (exp_in_lanes<T, A>) {
         in.store(m_a.n, yr, ExpValue<T, A, decltype(xs), decltype(value)>{xs, l, value}, fix_at, fix, m_store,
                  Ahead<read_hint<S>>::of(x));
+      } else if constexpr (have_widen_hw<S>) {
+        auto transform = [&](T z) { return p.template transform<Capped>(z); };
+        in.store(m_a.n, yr, WidenedExpValue<T, A, S, decltype(transform), decltype(value)>{x, transform, l, value},
+                 fix_at, fix, m_store, Ahead<read_hint<S>>::of(x));
       } else {
         in.store(
             m_a.n, yr,

@@ -195,6 +195,27 @@ KOKKOS_FORCEINLINE_FUNCTION bool round_line_hw(G* line, const float* f) {
   return false;
 }
 
+/// Whether widen16_hw has instructions for S on this build: F16C's vcvtph2ps for float16 (every x86-64-v3 CPU).
+template <class S>
+inline constexpr bool have_widen_hw = std::is_same_v<S, float16> && VPCE_HW_ROUND_FLOAT16 != 0;
+
+/// f[l] = float(x[l]) for 16 float16 values (any alignment): one vcvtph2ps with AVX-512, two with F16C alone,
+/// where 16 values in software take ~10 integer operations per vector (float16's operator float); elsewhere
+/// that. The same bits as float(float16) for every pattern but a signalling NaN, which the instruction quiets
+/// (a NaN all the same, and quieted by the first operation on it in either form; test_math checks all 65536).
+KOKKOS_FORCEINLINE_FUNCTION void widen16_hw(const float16* x, float* f) {
+#if VPCE_HW_ROUND_FLOAT16 && defined(__AVX512F__)
+  // The masked form: GCC 12's unmasked one passes _mm512_undefined_ps (as the rounding's, round_line_hw).
+  _mm512_storeu_ps(f, _mm512_maskz_cvtph_ps(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x))));
+#elif VPCE_HW_ROUND_FLOAT16
+  for (std::ptrdiff_t k = 0; k < 2; ++k) {
+    _mm256_storeu_ps(f + 8 * k, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x) + k)));
+  }
+#else
+  for (std::ptrdiff_t l = 0; l < 16; ++l) f[l] = float(x[l]);
+#endif
+}
+
 /// How far ahead of its loads a host loop that streams a row prefetches, in bytes (HostInner, kernels.hpp).
 /// The hardware prefetchers alone fall behind while the exps keep the core busy: the time of the exp-and-sum
 /// pass was that of a read PLUS that of the exps. A line prefetched per line loaded, this far ahead, lets
