@@ -255,11 +255,19 @@ TEST(Math, Float16WidenedSameBitsAsScalar) {
 // The one-pass statistics of rows of float16 logits (HostInner::online_stats, the chunks widened to float where
 // the build has F16C) have the bits of the same loops reading the logits in software (a reader without
 // `widens`): rows of 1 to 3 chunks and a tail, with and without stored exps, the entropy and the sum of x.
+// The kernels' callbacks are host and device functions (as FromBits below), never lambdas of a host function.
 struct Float16InSoftware {  // Logits<float16> but for widening
   static constexpr bool pairs = vpce::impl::Logits<vpce::float16>::pairs;
   vpce::impl::Logits<vpce::float16> z;
-  float operator()(std::int64_t j) const { return z(j); }
-  auto pair(std::int64_t j) const { return z.pair(j); }
+  KOKKOS_INLINE_FUNCTION float operator()(std::int64_t j) const { return z(j); }
+  KOKKOS_INLINE_FUNCTION auto pair(std::int64_t j) const { return z.pair(j); }
+};
+struct HalfOf {  // the logits' transform
+  KOKKOS_INLINE_FUNCTION float operator()(float v) const { return 0.5f * v; }
+};
+struct ChunkMaxInto {
+  float* cm;
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t c, float m) const { cm[c] = m; }
 };
 TEST(Math, Float16StatisticsWidenedSameBits) {
   using vpce::impl::ExpAccuracy;
@@ -280,10 +288,9 @@ TEST(Math, Float16StatisticsWidenedSameBits) {
       std::vector<float> ea(cols), eb(cols), ca(8), cb(8);
       auto run = [&](const auto& z, std::vector<float>& e, std::vector<float>& cm) {
         const vpce::impl::HostInner in;
-        auto transform = [](float v) { return 0.5f * v; };
         return in.online_stats<float, vpce::impl::sum_lanes<vpce::float16>, ExpAccuracy::input16>(
-            n, z, transform, sum_x, nullptr, entropy, stored ? e.data() : nullptr, false,
-            [&](std::int64_t c, float m) { cm[std::size_t(c)] = m; }, vpce::impl::Ahead<vpce::impl::Hint::l2>::of(x.data()));
+            n, z, HalfOf{}, sum_x, nullptr, entropy, stored ? e.data() : nullptr, false, ChunkMaxInto{cm.data()},
+            vpce::impl::Ahead<vpce::impl::Hint::l2>::of(x.data()));
       };
       const auto a = run(vpce::impl::Logits<vpce::float16>{x.data() + 1}, ea, ca);
       const auto b = run(Float16InSoftware{{x.data() + 1}}, eb, cb);
@@ -300,6 +307,16 @@ TEST(Math, Float16StatisticsWidenedSameBits) {
 // The values of a row written from float16 logits (HostInner::store of a WidenedExpValue: the backward from the
 // logits, the logits widened 16 at a time where the build has F16C) have the bits of the same store reading the
 // logits in software, column by column: into float and float16 rows, plain and streaming, from any alignment.
+struct TestValue {  // a column's value from x_j and e = exp(x_j - shift)
+  KOKKOS_INLINE_FUNCTION float operator()(std::int64_t j, float xj, float e) const {
+    return e * 0.25f - (j == 7 ? xj : 0.0f);
+  }
+};
+template <class V>
+struct ColumnBySoftware {  // V's values column by column: no `widens`, float(float16) per column
+  const V& v;
+  KOKKOS_INLINE_FUNCTION float operator()(std::int64_t j) const { return v(j); }
+};
 template <class G>
 void expect_widened_values_same_bits() {
   using vpce::impl::ExpAccuracy;
@@ -308,13 +325,13 @@ void expect_widened_values_same_bits() {
   const std::int64_t n = 1000;
   std::vector<vpce::float16> x(std::size_t(n + 1));
   for (auto& v : x) v = vpce::float16(logit(gen));
-  auto transform = [](float z) { return 0.5f * z; };
-  auto value = [](std::int64_t j, float xj, float e) { return e * 0.25f - (j == 7 ? xj : 0.0f); };
+  const HalfOf transform;
+  const TestValue value;
   const vpce::impl::HostInner in;
   for (int skew = 0; skew < 2; ++skew) {
-    const vpce::impl::WidenedExpValue<float, ExpAccuracy::input16, vpce::float16, decltype(transform), decltype(value)>
-        v{x.data() + skew, transform, 1.5f, value};
-    auto software = [&](std::int64_t j) { return v(j); };  // no `widens`: float(float16) per column
+    using V = vpce::impl::WidenedExpValue<float, ExpAccuracy::input16, vpce::float16, HalfOf, TestValue>;
+    const V v{x.data() + skew, transform, 1.5f, value};
+    const ColumnBySoftware<V> software{v};
     for (const auto how : {vpce::impl::Store::plain, vpce::impl::Store::streaming}) {
       alignas(64) G a[n + 32], b[n + 32];
       in.store(n, a + skew, v, 3, G(1.0f), how);
