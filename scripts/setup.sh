@@ -13,14 +13,19 @@
 #                   every UBSan error is fatal: -fno-sanitize-recover=all); sourcing this exports the
 #                   ASAN/LSAN/UBSAN_OPTIONS the tests run with (a report exits with status 86; what the MPI
 #                   runtime keeps until exit is suppressed by scripts/lsan.supp, never vpce's own leaks)
-#   VPCE_BUILD      build folder (default: <clone>/build, or build-asan, build-mpich, build-mpich-asan)
+#   VPCE_CUDA       1: a CUDA build, compiled and never run (this machine needs no GPU): NVIDIA's CUDA 13 compiler
+#                   from PyPI's wheels (pinned, in a virtual environment in the cache), Kokkos 3.4.01 + Kokkos
+#                   Kernels from the same Debian source built for CUDA (Kokkos_ARCH_AMPERE80, CUDA + Serial; four
+#                   call sites edited for CUDA 13, cuda13_edits below), vpce compiled by its nvcc_wrapper. Any
+#                   compiler warning fails it. Not with VPCE_MPI=mpich or VPCE_SANITIZE=1.
+#   VPCE_BUILD      build folder (default: <clone>/build, or build-asan, build-mpich, build-mpich-asan, build-cuda)
 #   VPCE_BUILD_TYPE CMake build type (default: Release; Debug with VPCE_SANITIZE=1)
 #   VPCE_CMAKE_ARGS extra arguments for vpce's CMake configure (default: -DVPCE_ENABLE_NATIVE=ON, the
 #                   kernels compiled for this machine's CPU; the build folder is never shared between machines)
 # The Python package (python/) is built against a virtual environment in $VPCE_CACHE/python-env-*: Debian's
 # python3 with its packages (numpy, mpi4py, pytest, torch) plus nanobind and scikit-build-core from PyPI. Not
-# with VPCE_MPI=mpich (Debian's mpi4py is built on OpenMPI) nor VPCE_SANITIZE=1 (Python itself is not
-# instrumented).
+# with VPCE_MPI=mpich (Debian's mpi4py is built on OpenMPI), VPCE_SANITIZE=1 (Python itself is not
+# instrumented) nor VPCE_CUDA=1.
 # Source it (scripts/demo.sh and scripts/test.sh do) or run it.
 set -euo pipefail
 
@@ -28,15 +33,24 @@ VPCE_SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VPCE_CACHE=${VPCE_CACHE:-${HOME:-/root}/.cache/vpce}
 VPCE_MPI=${VPCE_MPI:-openmpi}
 VPCE_SANITIZE=${VPCE_SANITIZE:-0}
+VPCE_CUDA=${VPCE_CUDA:-0}
 case "$VPCE_MPI" in openmpi|mpich) ;; *) echo "[vpce setup] VPCE_MPI must be openmpi or mpich" >&2; exit 2 ;; esac
 case "$VPCE_SANITIZE" in 0|1) ;; *) echo "[vpce setup] VPCE_SANITIZE must be 0 or 1" >&2; exit 2 ;; esac
+case "$VPCE_CUDA" in 0|1) ;; *) echo "[vpce setup] VPCE_CUDA must be 0 or 1" >&2; exit 2 ;; esac
+if [ "$VPCE_CUDA" = 1 ] && { [ "$VPCE_MPI" != openmpi ] || [ "$VPCE_SANITIZE" = 1 ]; }; then
+  echo "[vpce setup] VPCE_CUDA=1 goes with neither VPCE_MPI=mpich nor VPCE_SANITIZE=1" >&2; exit 2
+fi
 _vpce_suffix=
 [ "$VPCE_MPI" = openmpi ] || _vpce_suffix+=-$VPCE_MPI
 [ "$VPCE_SANITIZE" = 0 ] || _vpce_suffix+=-asan
+[ "$VPCE_CUDA" = 0 ] || _vpce_suffix+=-cuda
 VPCE_BUILD=${VPCE_BUILD:-$VPCE_SRC/build$_vpce_suffix}
 VPCE_BUILD_TYPE=${VPCE_BUILD_TYPE:-$([ "$VPCE_SANITIZE" = 1 ] && echo Debug || echo Release)}
 JOBS=${JOBS:-$(nproc)}
 KOKKOS_VERSION_TAG=kokkos-3.4.01-trilinos-13.2.0-omp-serial-v1
+CUDA_WHEELS=13.5.37  # NVIDIA's CUDA compiler wheels on PyPI (nvcc, cicc, headers, cudart): the same version each
+CUDA_ENV=$VPCE_CACHE/cuda-$CUDA_WHEELS-wheels
+[ "$VPCE_CUDA" = 0 ] || KOKKOS_VERSION_TAG=kokkos-3.4.01-trilinos-13.2.0-cuda-$CUDA_WHEELS-ampere80-serial-v1
 KOKKOS_PREFIX=$VPCE_CACHE/$KOKKOS_VERSION_TAG
 
 log() { echo "[vpce setup] $*"; }
@@ -98,6 +112,46 @@ fetch_trilinos_source() {
   tar -C "$dir" -xf "$tarball" --wildcards '*/packages/kokkos/*' '*/packages/kokkos-kernels/*'
 }
 
+# NVIDIA's CUDA compiler from PyPI (VPCE_CUDA=1): nvcc and its tools, cicc, the headers and cudart of one
+# version, in a virtual environment of the cache; CUDA_ROOT is the toolkit's root, nvcc first in PATH.
+cuda_toolchain() {
+  if [ -f "$CUDA_ENV/.complete" ]; then
+    log "CUDA $CUDA_WHEELS compiler cached in $CUDA_ENV"
+  else
+    log "installing NVIDIA's CUDA $CUDA_WHEELS compiler wheels from PyPI into $CUDA_ENV"
+    rm -rf "$CUDA_ENV"
+    /usr/bin/python3 -m venv "$CUDA_ENV"
+    "$CUDA_ENV/bin/pip" install -q --disable-pip-version-check "nvidia-cuda-nvcc==$CUDA_WHEELS" \
+      "nvidia-nvvm==$CUDA_WHEELS" "nvidia-cuda-crt==$CUDA_WHEELS" "nvidia-cuda-runtime==$CUDA_WHEELS"
+  fi
+  CUDA_ROOT=$(ls -d "$CUDA_ENV"/lib/python3*/site-packages/nvidia/cu13 | head -n 1)
+  # The wheels carry libcudart.so.13 only; CMake and Kokkos look for libcudart.so.
+  ln -sf libcudart.so.13 "$CUDA_ROOT/lib/libcudart.so"
+  "$CUDA_ROOT/bin/nvcc" --version >/dev/null
+  touch "$CUDA_ENV/.complete"
+  export CUDA_ROOT PATH=$CUDA_ROOT/bin:$PATH
+}
+
+# Kokkos 3.4.01 predates CUDA 13 (Kokkos 4.7 is the first release for it): what vpce's build reaches needs four
+# call sites edited (CUDA 13 dropped __half2double and the implicit conversions of the half functions'
+# arguments, gave cudaMemPrefetchAsync a cudaMemLocation and a flags argument and cudaGraphAddDependencies an
+# edge-data argument, and dropped sm_35, nvcc_wrapper's default architecture). Each edit must take.
+cuda13_edits() {  # kokkos source folder
+  local k=$1/core/src/Cuda
+  sed -i -E 's/return __half2double\(val\);/return static_cast<double>(__half2float(__half(val)));/;
+             s/return (__half2[a-z0-9_]+)\(val\);/return \1(__half(val));/' "$k/Kokkos_Cuda_Half.hpp"
+  sed -i 's/cudaMemPrefetchAsync(ptr, bytes, space.cuda_device(),/cudaMemPrefetchAsync(ptr, bytes, cudaMemLocation{cudaMemLocationTypeDevice, space.cuda_device()}, 0,/' \
+    "$k/Kokkos_CudaSpace.cpp"
+  sed -i 's/cudaGraphAddDependencies(m_graph, &pred_cuda_node, &cuda_node, 1)/cudaGraphAddDependencies(m_graph, \&pred_cuda_node, \&cuda_node, nullptr, 1)/' \
+    "$k/Kokkos_Cuda_Graph_Impl.hpp"
+  sed -i 's/^default_arch="sm_35"/default_arch="sm_80"/' "$1/bin/nvcc_wrapper"
+  [ "$(grep -c '(__half(val))' "$k/Kokkos_Cuda_Half.hpp")" = 8 ] &&
+    grep -q 'cudaMemLocation{cudaMemLocationTypeDevice' "$k/Kokkos_CudaSpace.cpp" &&
+    grep -q '&cuda_node, nullptr, 1)' "$k/Kokkos_Cuda_Graph_Impl.hpp" &&
+    grep -q '^default_arch="sm_80"' "$1/bin/nvcc_wrapper" ||
+    { echo "[vpce setup] Kokkos 3.4.01's CUDA 13 edits did not apply" >&2; return 1; }
+}
+
 build_kokkos() {
   if [ -f "$KOKKOS_PREFIX/.complete" ]; then
     log "Kokkos + Kokkos Kernels cached in $KOKKOS_PREFIX"
@@ -110,9 +164,16 @@ build_kokkos() {
   local tri
   tri=$(ls -d "$work"/Trilinos-*/packages | head -n 1)
   rm -rf "$KOKKOS_PREFIX"
+  local kokkos_args=(-DKokkos_ENABLE_OPENMP=ON -DKokkos_ENABLE_SERIAL=ON) kk_args=()
+  if [ "$VPCE_CUDA" = 1 ]; then
+    cuda13_edits "$tri/kokkos"
+    kokkos_args=(-DKokkos_ENABLE_CUDA=ON -DKokkos_ENABLE_CUDA_LAMBDA=ON -DKokkos_ENABLE_SERIAL=ON
+                 -DKokkos_ARCH_AMPERE80=ON -DCMAKE_CXX_COMPILER="$tri/kokkos/bin/nvcc_wrapper" -DCUDA_ROOT="$CUDA_ROOT")
+    kk_args=(-DCMAKE_CXX_COMPILER="$KOKKOS_PREFIX/bin/nvcc_wrapper" -DKokkosKernels_ENABLE_TPL_CUBLAS=OFF
+             -DKokkosKernels_ENABLE_TPL_CUSPARSE=OFF)  # no cuBLAS in the wheels: Kokkos Kernels' own gemm
+  fi
   cmake -S "$tri/kokkos" -B "$work/build-kokkos" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_STANDARD=17 \
-    -DCMAKE_INSTALL_PREFIX="$KOKKOS_PREFIX" -DKokkos_ENABLE_OPENMP=ON -DKokkos_ENABLE_SERIAL=ON \
-    -DBUILD_SHARED_LIBS=ON >"$work/kokkos-configure.log"
+    -DCMAKE_INSTALL_PREFIX="$KOKKOS_PREFIX" "${kokkos_args[@]}" -DBUILD_SHARED_LIBS=ON >"$work/kokkos-configure.log"
   cmake --build "$work/build-kokkos" -j "$JOBS" >"$work/kokkos-build.log"
   cmake --install "$work/build-kokkos" >/dev/null
   # Without ETI Kokkos Kernels is header-only for what vpce uses (gemm); the BLAS TPL sends host gemm to OpenBLAS.
@@ -120,7 +181,8 @@ build_kokkos() {
     -DCMAKE_INSTALL_PREFIX="$KOKKOS_PREFIX" -DKokkos_ROOT="$KOKKOS_PREFIX" -DBUILD_SHARED_LIBS=ON \
     -DKokkosKernels_ENABLE_TPL_BLAS=ON -DKokkosKernels_INST_DOUBLE=OFF -DKokkosKernels_INST_FLOAT=OFF \
     -DKokkosKernels_INST_LAYOUTLEFT=OFF -DKokkosKernels_INST_OFFSET_INT=OFF -DKokkosKernels_INST_OFFSET_SIZE_T=OFF \
-    -DKokkosKernels_INST_ORDINAL_INT=OFF -DKokkosKernels_ENABLE_TESTS=OFF >"$work/kk-configure.log"
+    -DKokkosKernels_INST_ORDINAL_INT=OFF -DKokkosKernels_ENABLE_TESTS=OFF ${kk_args[@]+"${kk_args[@]}"} \
+    >"$work/kk-configure.log"
   cmake --build "$work/build-kk" -j "$JOBS" >"$work/kk-build.log"
   cmake --install "$work/build-kk" >/dev/null
   touch "$KOKKOS_PREFIX/.complete"
@@ -144,7 +206,7 @@ python_env() {
 
 configure_vpce() {
   local args=(-DCMAKE_BUILD_TYPE="$VPCE_BUILD_TYPE")
-  if [ "$VPCE_MPI" = mpich ] || [ "$VPCE_SANITIZE" = 1 ]; then
+  if [ "$VPCE_MPI" = mpich ] || [ "$VPCE_SANITIZE" = 1 ] || [ "$VPCE_CUDA" = 1 ]; then
     args+=(-DVPCE_ENABLE_PYTHON=OFF)
   else
     args+=(-DVPCE_ENABLE_PYTHON=ON -DPython_EXECUTABLE="$PYTHON_ENV/bin/python")
@@ -160,6 +222,7 @@ configure_vpce() {
            -DMPI_Fortran_COMPILER=/usr/bin/mpif90.mpich -DMPIEXEC_EXECUTABLE=/usr/bin/mpiexec.mpich
            -DHDF5_C_COMPILER_EXECUTABLE=/usr/bin/h5pcc.mpich)
   fi
+  [ "$VPCE_CUDA" = 1 ] && args+=(-DCMAKE_CXX_COMPILER="${Kokkos_ROOT:-$KOKKOS_PREFIX}/bin/nvcc_wrapper")
   if [ "$VPCE_SANITIZE" = 1 ]; then
     args+=(-DCMAKE_CXX_COMPILER=g++ -DCMAKE_C_COMPILER=gcc -DCMAKE_Fortran_COMPILER=gfortran
            "-DCMAKE_CXX_FLAGS=$VPCE_SANITIZE_FLAGS" "-DCMAKE_C_FLAGS=$VPCE_SANITIZE_FLAGS"
@@ -181,7 +244,18 @@ configure_vpce() {
   log "configuring vpce in $VPCE_BUILD"
   cmake -S "$VPCE_SRC" -B "$VPCE_BUILD" "${args[@]}" >/dev/null
   log "building vpce"
-  cmake --build "$VPCE_BUILD" -j "$JOBS"
+  if [ "$VPCE_CUDA" = 0 ]; then
+    cmake --build "$VPCE_BUILD" -j "$JOBS"
+    return
+  fi
+  # The CUDA build is a check: any warning fails it (nvcc's warnings were the first sign of device code that
+  # breaks: a host lambda handed to the kernels, a KOKKOS_LAMBDA in a private member).
+  local build_log=$VPCE_BUILD/cuda-build.log
+  cmake --build "$VPCE_BUILD" -j "$JOBS" 2>&1 | tee "$build_log"
+  if grep -E -n "warning( #[0-9A-Za-z-]+)?:|nvcc warning" "$build_log"; then
+    echo "[vpce setup] the CUDA build has warnings (above; $build_log)" >&2
+    return 1
+  fi
 }
 
 # Running MPI programs from the scripts: root is allowed, more ranks than cores too. Kokkos' OpenMP
@@ -210,8 +284,9 @@ if [ "$VPCE_SANITIZE" = 1 ]; then
 fi
 
 install_packages
+[ "$VPCE_CUDA" = 0 ] || cuda_toolchain
 [ -n "${Kokkos_ROOT:-}" ] || build_kokkos
-[ "$VPCE_MPI" = mpich ] || [ "$VPCE_SANITIZE" = 1 ] || python_env
+[ "$VPCE_MPI" = mpich ] || [ "$VPCE_SANITIZE" = 1 ] || [ "$VPCE_CUDA" = 1 ] || python_env
 configure_vpce
 if [ "$VPCE_SANITIZE" = 1 ]; then
   # After Kokkos' build (never instrumented): what the tests build against the installed package (the

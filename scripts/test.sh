@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds Kokkos (cached) and vpce, then runs the test suite through CTest in
-# three configurations, each in its own build folder (by default all three, in this order):
+# three configurations and compiles a fourth, each in its own build folder (by default all four, in this order):
 #
 #   default  OpenMPI, Release, -march=native: every test.                                          build/
 #   asan     OpenMPI, AddressSanitizer + LeakSanitizer + UndefinedBehaviorSanitizer (setup.sh's      build-asan/
@@ -12,13 +12,16 @@
 #            installed when missing), Debug: unit tests at 1 and 2 ranks; the tool's suites at 1 and 2
 #            ranks and loss at 3 (not faults, nor linear at 2: they kill a rank, see below); examples
 #            (C at 3 ranks); install test; GPU-aware path; determinism at 2 ranks.
-#   Neither extra configuration builds the Python package (setup.sh) nor runs clang-tidy, the vectorisation
+#   cuda     setup.sh's VPCE_CUDA=1: the whole tree (library, LinearCrossEntropy, tests, tool,          build-cuda/
+#            examples, benchmark) compiled for CUDA by NVIDIA's nvcc 13 from PyPI against Kokkos 3.4.01
+#            built for CUDA (sm_80); any compiler warning fails it. Nothing runs: no GPU here.
+#   None of the extra configurations builds the Python package (setup.sh) nor runs clang-tidy, the vectorisation
 #   check (vpce_vectorized), the fuzzer or the >2^31-logit test, nor builds the
 #   benchmark (vpce_perf). VPCE_TEST_FULL=1 runs every test in every configuration.
 #
 # Usage: scripts/test.sh [--config NAME]... [extra ctest arguments, passed to every configuration]
-#   --config NAME   run only these configurations (repeatable; NAME: default, asan, mpich, all). The
-#                   environment variable VPCE_TEST_CONFIGS="default asan mpich" does the same.
+#   --config NAME   run only these configurations (repeatable; NAME: default, asan, mpich, cuda, all). The
+#                   environment variable VPCE_TEST_CONFIGS="default asan mpich cuda" does the same.
 #                   A developer's quick run: scripts/test.sh --config default
 # VPCE_BUILD, when set, is the default configuration's folder; the others get -asan, -mpich appended.
 # Every configuration runs even when one fails; the exit status is non-zero when any failed, and a summary
@@ -39,7 +42,7 @@ if [ ${#configs[@]} -eq 0 ]; then
   # shellcheck disable=SC2206
   configs=(${VPCE_TEST_CONFIGS:-all})
 fi
-[[ " ${configs[*]} " == *" all "* ]] && configs=(default asan mpich)
+[[ " ${configs[*]} " == *" all "* ]] && configs=(default asan mpich cuda)
 
 base_build=${VPCE_BUILD:-$VPCE_SRC/build}
 extra_cmake_args="${VPCE_CMAKE_ARGS:--DVPCE_ENABLE_NATIVE=ON} -DVPCE_ENABLE_BENCHMARKS=OFF"
@@ -68,20 +71,25 @@ run_config() {  # name
     set -euo pipefail
     skip=()
     case "$name" in
-      default) export VPCE_MPI=openmpi VPCE_SANITIZE=0 VPCE_BUILD=$base_build ;;
+      default) export VPCE_MPI=openmpi VPCE_SANITIZE=0 VPCE_CUDA=0 VPCE_BUILD=$base_build ;;
       asan)
-        export VPCE_MPI=openmpi VPCE_SANITIZE=1 VPCE_BUILD=$base_build-asan VPCE_CMAKE_ARGS=$extra_cmake_args
+        export VPCE_MPI=openmpi VPCE_SANITIZE=1 VPCE_CUDA=0 VPCE_BUILD=$base_build-asan VPCE_CMAKE_ARGS=$extra_cmake_args
         skip=(-E "$asan_skip") ;;
       mpich)
-        export VPCE_MPI=mpich VPCE_SANITIZE=0 VPCE_BUILD=$base_build-mpich VPCE_CMAKE_ARGS=$extra_cmake_args
+        export VPCE_MPI=mpich VPCE_SANITIZE=0 VPCE_CUDA=0 VPCE_BUILD=$base_build-mpich VPCE_CMAKE_ARGS=$extra_cmake_args
         export VPCE_BUILD_TYPE=${VPCE_BUILD_TYPE:-Debug}
         skip=(-E "$mpich_skip") ;;
-      *) echo "[vpce test] unknown configuration '$name' (default, asan, mpich, all)" >&2; exit 2 ;;
+      cuda) export VPCE_MPI=openmpi VPCE_SANITIZE=0 VPCE_CUDA=1 VPCE_BUILD=$base_build-cuda ;;
+      *) echo "[vpce test] unknown configuration '$name' (default, asan, mpich, cuda, all)" >&2; exit 2 ;;
     esac
     [ "${VPCE_TEST_FULL:-0}" = 1 ] && skip=()
     # shellcheck source=scripts/setup.sh
     source "$VPCE_SRC/scripts/setup.sh"
     cd "$VPCE_BUILD"
+    if [ "$VPCE_CUDA" = 1 ]; then  # setup.sh built it, without warnings; CUDA needs a GPU to run anything
+      echo "[vpce test] $name: compiled ($(ctest -N | tail -n 1 | tr -d '\n'), not run: no GPU)"
+      exit 0
+    fi
     echo "[vpce test] $name: ctest in $VPCE_BUILD ${skip[*]}"
     # Two tests at a time on two cores (setup.sh's JOBS): CTest schedules by each test's PROCESSORS (its
     # rank count), so 1-rank tests overlap and the others run alone.
