@@ -156,9 +156,9 @@ template <class T, ExpAccuracy A, class X, class V>
 struct ExpValue {
   static constexpr bool in_lanes = exp_in_lanes<T, A>;
   static constexpr ExpAccuracy accuracy = A;
-  const X& x;
+  X x;
   T shift;
-  const V& value;
+  V value;
   KOKKOS_FORCEINLINE_FUNCTION T operator()(std::int64_t j) const {
     const T xj = x(j);
     return value(j, xj, exp_per_element<A>(xj - shift));
@@ -172,9 +172,9 @@ template <class T, ExpAccuracy A, class S, class Tr, class V>
 struct WidenedExpValue {
   static constexpr bool widens = have_widen_hw<S>;
   const S* z;
-  const Tr& transform;
+  Tr transform;
   T shift;
-  const V& value;
+  V value;
   KOKKOS_FORCEINLINE_FUNCTION T at(std::int64_t j, T zj) const {
     const T xj = transform(zj);
     return value(j, xj, exp_per_element<A>(xj - shift));
@@ -1519,12 +1519,14 @@ class Finalize {
     const S* x = k.x;
     const bool weighted = p.weights != nullptr;
     // y_j = (term(x_j) - smooth(j)) dx_j/dz_j, and the target's value formed apart (fix).
-    // term(x_j, e) with e = exp(x_j - lse).
+    // term(x_j, e) with e = exp(x_j - lse). The lambdas of the row's loop (and ExpValue) hold their scalars by
+    // value: held by reference, GCC reloaded them from the stack in the loop (the backward in cache on a Zen 4:
+    // fp32 -12%, bfloat16 -9%, float16 -6% by value; perf_tests/NOTES.md, issue 12, twenty-fourth round).
     constexpr ExpAccuracy A = exp_accuracy<S>;
     auto write_row = [&](const auto& term, const auto& smooth) {
       const G fix = G(c >= 0 ? ((term(xc, exp_per_element<A>(xc - l)) - smooth(c)) - kt) * chain_c : T(0));
-      auto xs = [&](std::int64_t j) { return p.template transform<Capped>(to_compute(x[j])); };
-      auto value = [&](std::int64_t j, T xj, T e) {
+      auto xs = [p, x](std::int64_t j) { return p.template transform<Capped>(to_compute(x[j])); };
+      auto value = [term, smooth, p](std::int64_t j, T xj, T e) {
         return (term(xj, e) - smooth(j)) * p.template chain<Capped>(xj);
       };
       // ExpValue only where its exps go 16 at a time: as the value of every type it cost the bfloat16 backward
@@ -1533,32 +1535,32 @@ class Finalize {
         in.store(m_a.n, yr, ExpValue<T, A, decltype(xs), decltype(value)>{xs, l, value}, fix_at, fix, m_store,
                  Ahead<read_hint<S>>::of(x));
       } else if constexpr (have_widen_hw<S>) {
-        auto transform = [&](T z) { return p.template transform<Capped>(z); };
+        auto transform = [p](T z) { return p.template transform<Capped>(z); };
         in.store(m_a.n, yr, WidenedExpValue<T, A, S, decltype(transform), decltype(value)>{x, transform, l, value},
                  fix_at, fix, m_store, Ahead<read_hint<S>>::of(x));
       } else {
         in.store(
             m_a.n, yr,
-            [&](std::int64_t j) {
+            [=](std::int64_t j) {
               const T xj = xs(j);
               return value(j, xj, exp_per_element<A>(xj - l));
             },
             fix_at, fix, m_store, Ahead<read_hint<S>>::of(x));
       }
     };
-    auto softmax = [&](T, T e) { return e * kp; };
+    auto softmax = [kp](T, T e) { return e * kp; };
     // The entropy's term p_j beta (mu - x_j): 0 where p_j is 0 (a -inf logit).
     const T kb = gi * p.beta;
-    auto entropic = [&](T xj, T e) { return select(e == T(0), T(0), e * (kp + kb * (mu - (xj - r.m)))); };
+    auto entropic = [kp, kb, mu, rm = r.m](T xj, T e) { return select(e == T(0), T(0), e * (kp + kb * (mu - (xj - rm)))); };
     // The terms of the target distribution at column j: A w_j / V, and with probability targets
     // (1 - A) w_j q_j (w_j = 1 without class weights).
-    auto smooth = [&](std::int64_t) { return ka; };
+    auto smooth = [ka](std::int64_t) { return ka; };
     const T* w = weighted ? p.weights + m_a.begin : nullptr;
-    auto smooth_weighted = [&](std::int64_t j) { return ka * w[j]; };
+    auto smooth_weighted = [ka, w](std::int64_t j) { return ka * w[j]; };
     const S* qr = m_a.q == nullptr ? nullptr : m_a.q + k.i * m_a.ld_q;
     const T kq = gi * (T(1) - p.alpha);
-    auto probs = [&](std::int64_t j) { return ka + kq * to_compute(qr[j]); };
-    auto probs_weighted = [&](std::int64_t j) { return (ka + kq * to_compute(qr[j])) * w[j]; };
+    auto probs = [ka, kq, qr](std::int64_t j) { return ka + kq * to_compute(qr[j]); };
+    auto probs_weighted = [ka, kq, qr, w](std::int64_t j) { return (ka + kq * to_compute(qr[j])) * w[j]; };
     auto with_term = [&](const auto& term) {
       if (qr != nullptr && weighted) {
         write_row(term, probs_weighted);
@@ -1598,13 +1600,14 @@ class Finalize {
     const T k0 = k.ka * p.scale;
     const T* w = p.weights != nullptr && p.alpha > T(0) ? p.weights + m_a.begin : nullptr;
     const S* x = k.x;
-    auto softmax = [&](T e, std::int64_t, const ChunkK& ck) { return e * ck.f; };
-    auto entropic = [&](T e, std::int64_t j, const ChunkK& ck) {
-      const T xj = to_compute(x[j]) * p.scale;
+    // Scalars held by value, as in write_from_logits.
+    auto softmax = [](T e, std::int64_t, const ChunkK& ck) { return e * ck.f; };
+    auto entropic = [x, scale = p.scale](T e, std::int64_t j, const ChunkK& ck) {
+      const T xj = to_compute(x[j]) * scale;
       return select(e == T(0), T(0), e * (ck.f + ck.fb * (ck.d - (xj - ck.m_c))));
     };
-    auto smooth = [&](std::int64_t) { return k0; };
-    auto smooth_weighted = [&](std::int64_t j) { return k0 * w[j]; };
+    auto smooth = [k0](std::int64_t) { return k0; };
+    auto smooth_weighted = [k0, w](std::int64_t j) { return k0 * w[j]; };
     if (p.beta == T(0)) {
       if (w != nullptr) {
         f(softmax, smooth_weighted);
@@ -1644,7 +1647,7 @@ class Finalize {
         const ChunkK ck = chunk_k(k, j0);
         const T* ec = er + j0;
         in.store(
-            j1 - j0, k.yr + j0, [&](std::int64_t j) { return term(ec[j], j0 + j, ck) - smooth(j0 + j); }, k.fix_at - j0,
+            j1 - j0, k.yr + j0, [=](std::int64_t j) { return term(ec[j], j0 + j, ck) - smooth(j0 + j); }, k.fix_at - j0,
             G(k.fix), m_store, {}, fence && j1 == b);
       }
     });
