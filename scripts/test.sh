@@ -14,7 +14,7 @@
 #            (C at 3 ranks); install test; GPU-aware path; determinism at 2 ranks.
 #   cuda     setup.sh's VPCE_CUDA=1: the whole tree (library, LinearCrossEntropy, tests, tool,          build-cuda/
 #            examples, benchmark) compiled for CUDA by NVIDIA's nvcc 13 from PyPI against Kokkos 3.4.01
-#            built for CUDA (sm_80); any compiler warning fails it. Nothing runs: no GPU here.
+#            built for CUDA (sm_80), Debug; any compiler warning fails it. Nothing runs: no GPU here.
 #   None of the extra configurations builds the Python package (setup.sh) nor runs clang-tidy, the vectorisation
 #   check (vpce_vectorized), the fuzzer or the >2^31-logit test, nor builds the
 #   benchmark (vpce_perf). VPCE_TEST_FULL=1 runs every test in every configuration.
@@ -79,7 +79,10 @@ run_config() {  # name
         export VPCE_MPI=mpich VPCE_SANITIZE=0 VPCE_CUDA=0 VPCE_BUILD=$base_build-mpich VPCE_CMAKE_ARGS=$extra_cmake_args
         export VPCE_BUILD_TYPE=${VPCE_BUILD_TYPE:-Debug}
         skip=(-E "$mpich_skip") ;;
-      cuda) export VPCE_MPI=openmpi VPCE_SANITIZE=0 VPCE_CUDA=1 VPCE_BUILD=$base_build-cuda ;;
+      cuda)
+        # Debug: the host side at -O0 (the device code is optimised either way), a fifth less compile time.
+        export VPCE_MPI=openmpi VPCE_SANITIZE=0 VPCE_CUDA=1 VPCE_BUILD=$base_build-cuda
+        export VPCE_BUILD_TYPE=${VPCE_BUILD_TYPE:-Debug} ;;
       *) echo "[vpce test] unknown configuration '$name' (default, asan, mpich, cuda, all)" >&2; exit 2 ;;
     esac
     [ "${VPCE_TEST_FULL:-0}" = 1 ] && skip=()
