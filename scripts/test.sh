@@ -80,7 +80,7 @@ run_config() {  # name
         export VPCE_BUILD_TYPE=${VPCE_BUILD_TYPE:-Debug}
         skip=(-E "$mpich_skip") ;;
       cuda)
-        # Debug: the host side at -O0 (the device code is optimised either way), a fifth less compile time.
+        # Debug: the host side at -O0 (the device code is optimised either way): a quarter less compile time per unit.
         export VPCE_MPI=openmpi VPCE_SANITIZE=0 VPCE_CUDA=1 VPCE_BUILD=$base_build-cuda
         export VPCE_BUILD_TYPE=${VPCE_BUILD_TYPE:-Debug} ;;
       *) echo "[vpce test] unknown configuration '$name' (default, asan, mpich, cuda, all)" >&2; exit 2 ;;
