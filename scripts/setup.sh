@@ -140,9 +140,10 @@ cuda13_edits() {  # kokkos source folder
   local k=$1/core/src/Cuda
   sed -i -E 's/return __half2double\(val\);/return static_cast<double>(__half2float(__half(val)));/;
              s/return (__half2[a-z0-9_]+)\(val\);/return \1(__half(val));/' "$k/Kokkos_Cuda_Half.hpp"
-  sed -i 's/cudaMemPrefetchAsync(ptr, bytes, space.cuda_device(),/cudaMemPrefetchAsync(ptr, bytes, cudaMemLocation{cudaMemLocationTypeDevice, space.cuda_device()}, 0,/' \
+  local device='space.cuda_device()' location='cudaMemLocation{cudaMemLocationTypeDevice, space.cuda_device()}'
+  sed -i "s/cudaMemPrefetchAsync(ptr, bytes, $device,/cudaMemPrefetchAsync(ptr, bytes, $location, 0,/" \
     "$k/Kokkos_CudaSpace.cpp"
-  sed -i 's/cudaGraphAddDependencies(m_graph, &pred_cuda_node, &cuda_node, 1)/cudaGraphAddDependencies(m_graph, \&pred_cuda_node, \&cuda_node, nullptr, 1)/' \
+  sed -i 's/(m_graph, &pred_cuda_node, &cuda_node, 1)/(m_graph, \&pred_cuda_node, \&cuda_node, nullptr, 1)/' \
     "$k/Kokkos_Cuda_Graph_Impl.hpp"
   sed -i 's/^default_arch="sm_35"/default_arch="sm_80"/' "$1/bin/nvcc_wrapper"
   [ "$(grep -c '(__half(val))' "$k/Kokkos_Cuda_Half.hpp")" = 8 ] &&

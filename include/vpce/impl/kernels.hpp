@@ -572,8 +572,8 @@ struct HostInner {
   /// online's chunk j0 of len columns, read by zc, prefetched by ahd, into the state st.
   template <int K, bool OverLogits, int Lanes, ExpAccuracy A, class T, class ZC, class X, class ChunkMax, Hint H,
             class P>
-  KOKKOS_FORCEINLINE_FUNCTION void online_chunk(std::int64_t j0, std::int64_t len, const ZC& zc, const X& x,
-                                                bool sum_x, const T* weights, T* exps, const ChunkMax& chunk_max,
+  KOKKOS_FORCEINLINE_FUNCTION void online_chunk(std::int64_t j0, std::int64_t len, const ZC& zc, const X& x, bool sum_x,
+                                                const T* weights, T* exps, const ChunkMax& chunk_max,
                                                 const Ahead<H>& ahd, const P& pace, OnlineState<T>& st) const {
     T* yc = exps == nullptr ? nullptr : exps + j0;
     if (sum_x && weights != nullptr) {
@@ -616,8 +616,7 @@ struct HostInner {
       st.zmax = cz;
     }
     T unused;
-    const Terms<T, K> sc =
-        exp_sums<K, false, Lanes, A>(len, zc, x, yc, st.m, &unused, ahd, PaceFrom<P>{pace, j0});
+    const Terms<T, K> sc = exp_sums<K, false, Lanes, A>(len, zc, x, yc, st.m, &unused, ahd, PaceFrom<P>{pace, j0});
     st.acc += double(sc.v[0]);
     if constexpr (K == 2) st.acc_h += double(sc.v[1]);
     if (yc != nullptr) chunk_max(j0 / chunk_cols, st.m);
@@ -1551,7 +1550,9 @@ class Finalize {
     auto softmax = [kp](T, T e) { return e * kp; };
     // The entropy's term p_j beta (mu - x_j): 0 where p_j is 0 (a -inf logit).
     const T kb = gi * p.beta;
-    auto entropic = [kp, kb, mu, rm = r.m](T xj, T e) { return select(e == T(0), T(0), e * (kp + kb * (mu - (xj - rm)))); };
+    auto entropic = [kp, kb, mu, rm = r.m](T xj, T e) {
+      return select(e == T(0), T(0), e * (kp + kb * (mu - (xj - rm))));
+    };
     // The terms of the target distribution at column j: A w_j / V, and with probability targets
     // (1 - A) w_j q_j (w_j = 1 without class weights).
     auto smooth = [ka](std::int64_t) { return ka; };
