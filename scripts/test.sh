@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds Kokkos (cached) and vpce, then runs the test suite through CTest in
-# three configurations and compiles a fourth, each in its own build folder (by default all four, in this order):
+# three configurations and compiles a fourth, each in its own build folder (by default all four, in this
+# order):
 #
 #   default  OpenMPI, Release, -march=native: every test.                                          build/
 #   asan     OpenMPI, AddressSanitizer + LeakSanitizer + UndefinedBehaviorSanitizer (setup.sh's      build-asan/
@@ -15,9 +16,9 @@
 #   cuda     setup.sh's VPCE_CUDA=1: the whole tree (library, LinearCrossEntropy, tests, tool,          build-cuda/
 #            examples, benchmark) compiled for CUDA by NVIDIA's nvcc 13 from PyPI against Kokkos 3.4.01
 #            built for CUDA (sm_80), Debug; any compiler warning fails it. Nothing runs: no GPU here.
-#   None of the extra configurations builds the Python package (setup.sh) nor runs clang-tidy, the vectorisation
-#   check (vpce_vectorized), the fuzzer or the >2^31-logit test, nor builds the
-#   benchmark (vpce_perf). VPCE_TEST_FULL=1 runs every test in every configuration.
+#   Neither asan nor mpich builds the Python package (setup.sh) or the benchmark (vpce_perf), nor runs
+#   clang-tidy, the vectorisation check (vpce_vectorized), the fuzzer or the >2^31-logit test; cuda compiles all
+#   but the Python package. VPCE_TEST_FULL=1 runs every test in every configuration.
 #
 # Usage: scripts/test.sh [--config NAME]... [extra ctest arguments, passed to every configuration]
 #   --config NAME   run only these configurations (repeatable; NAME: default, asan, mpich, cuda, all). The
@@ -80,7 +81,7 @@ run_config() {  # name
         export VPCE_BUILD_TYPE=${VPCE_BUILD_TYPE:-Debug}
         skip=(-E "$mpich_skip") ;;
       cuda)
-        # Debug: the host side at -O0 (the device code is optimised either way): a quarter less compile time per unit.
+        # Debug: the host side at -O0 (the device code is optimised either way), a quarter less compile time.
         export VPCE_MPI=openmpi VPCE_SANITIZE=0 VPCE_CUDA=1 VPCE_BUILD=$base_build-cuda
         export VPCE_BUILD_TYPE=${VPCE_BUILD_TYPE:-Debug} ;;
       *) echo "[vpce test] unknown configuration '$name' (default, asan, mpich, cuda, all)" >&2; exit 2 ;;
