@@ -118,8 +118,18 @@ class ProbabilityTest : public ::testing::Test {
     return out;
   }
 
-  /// Every strategy x mode x path against reference_probs(); with `weighted`, class weights too.
+  /// Every strategy x mode x path against reference_probs(); with `weighted`, class weights too. Each with
+  /// the blocks the cache sets (13 rows: the head alone) and with blocks of 4 rows, whose rows after the head
+  /// the fused strategy writes from stored exps (chained on one rank, in step with the next block's
+  /// statistics on more).
   void expect_all_match(const vpce::Options& base, const std::string& label, bool weighted) {
+    for (const std::int64_t rows : {base.block_rows, std::int64_t(4)}) {
+      vpce::Options opt = base;
+      opt.block_rows = rows;
+      expect_all_match_blocks(opt, label + ", block_rows " + std::to_string(rows), weighted);
+    }
+  }
+  void expect_all_match_blocks(const vpce::Options& base, const std::string& label, bool weighted) {
     std::uint64_t seed = 700;
     for (const auto& np : test_partitions(comm)) {
       const auto& part = np.part;
@@ -277,8 +287,8 @@ TYPED_TEST(ProbabilityTest, Errors) {
 }
 
 // The one collective: probability targets add no MPI call (fused), two values per record: one all-reduce
-// per block, as target ids make on more than one rank (on one rank, where a call with target ids keeps its
-// exps, its rows after the head are chained and make none).
+// per block, as target ids make on more than one rank (on one rank, where a call keeps its exps, its rows
+// after the head are chained and make none).
 TYPED_TEST(ProbabilityTest, NoExtraCollective) {
   using C = TypeParam;
   using scalar = typename C::scalar;

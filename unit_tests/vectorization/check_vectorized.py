@@ -15,6 +15,8 @@ disassembles it, and requires of every function of vpce's (the probes and what t
 With an aarch64 cross compiler (Debian's g++-aarch64-linux-gnu) the same for aarch64 (NEON, -march=armv8-a):
 no scalar s/d-register arithmetic in an innermost loop, packed .4s/.2d arithmetic somewhere.
 
+Not checked: the out-of-line functions of CHECKED_INLINED, whose loops a probe of their own checks inlined.
+
 A control function (a loop-carried recurrence) must be found scalar, or the reading of the object code
 is broken. Why not the compiler's report (-fopt-info-vec): GCC analyses a loop that it versions for
 if-conversion twice and reports one of the two copies as missed, at either source line, so the report
@@ -42,6 +44,10 @@ SCALAR_FP = re.compile(
     r"|^v?cmp\w*s[sd]$"
     r"|^v?cvt\w*(ss|sd)2\w+$|^v?cvt\w*2s[sd]$"
 )
+# Functions the kernels call out of line whose loops a probe of their own checks inlined, over a row of constant
+# width: their out-of-line copies keep a remainder loop for a width known only at run time (scalar where the
+# terms are long: the softcap's tanh on float16 logits), which is no failure.
+CHECKED_INLINED = ("row_probability_sums_apart<",)
 PACKED_FP = re.compile(r"^v?(f(n?m(add|sub))\d{3}|add|sub|mul|div|min|max)p[sd]$")
 # aarch64: scalar FP arithmetic names an s or d register; packed names .4s or .2d lanes.
 A64_SCALAR_FP = re.compile(r"^f(add|sub|mul|div|n?madd|n?msub|nmul|max|min|maxnm|minnm|sqrt|cmpe?|ccmpe?|csel|cvt\w*)$")
@@ -199,7 +205,7 @@ def check(target, args, kernel_tu, probes, workdir, objdump, cxx=None):
         if name == "vpce_control_scalar":
             control_ok = bool(scalar_loops(insns))
             continue
-        if "vpce" not in name:
+        if "vpce" not in name or any(f in name for f in CHECKED_INLINED):
             continue
         checked += 1
         packed += sum(1 for _, m, o in insns if is_packed(target, m, o))

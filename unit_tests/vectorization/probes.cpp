@@ -86,7 +86,7 @@ void prob_sums(const S* x, const S* q, Stats<T>* out) {
   a.probs = true;
   a.q = q;
   a.ld_q = width;
-  vpce::impl::TargetProbSums<S, T, Host, Capped>(a, records<T>(out)).row(HostInner{}, 0);
+  vpce::impl::row_probability_sums<Capped>(HostInner{}, a, 0, &out->t, &out->q, &out->wq);
 }
 
 // The seed strategy's two statistics passes.

@@ -235,8 +235,7 @@ void CrossEntropyCore<Scalar, ExecSpace>::call(const logits_view& logits, const 
 
   const bool capped = opt.softcap > 0;
   const bool fused = opt.strategy == Strategy::fused;
-  const bool stores_exps =
-      err.empty() && fused && fused_stores_exps(what, capped, use_teams(), opt.probability_targets);
+  const bool stores_exps = err.empty() && fused && fused_stores_exps(what, capped, use_teams());
   const std::int64_t chain_threads = fused_chains(comm.size(), is_host_space_v<ExecSpace>, stores_exps)
                                          ? std::max<std::int64_t>(1, exec.concurrency())
                                          : 0;

@@ -140,10 +140,7 @@ struct ChainedRows {
 inline constexpr std::int64_t loss_block_factor = 256;
 
 /// Whether a call keeps the host's exps in the scratch (see the file comment).
-/// Not with probability targets: their gradient reads them beside recomputed exps (a per-column term).
-inline bool fused_stores_exps(Write what, bool capped, bool teams, bool probs) {
-  return what != Write::loss && !capped && !teams && !probs;
-}
+inline bool fused_stores_exps(Write what, bool capped, bool teams) { return what != Write::loss && !capped && !teams; }
 
 template <class Ctx>
 class FusedStrategy {
@@ -151,7 +148,7 @@ class FusedStrategy {
   explicit FusedStrategy(const Ctx& c)
       : c(c),
         ws(c.core.ws),
-        store_exps(fused_stores_exps(c.what, Ctx::capped, c.core.use_teams(), c.core.opt.probability_targets)),
+        store_exps(fused_stores_exps(c.what, Ctx::capped, c.core.use_teams())),
         block_rows(rows_per_block(c)),
         chained(fused_chains(c.core.comm.size(), is_host_space_v<Exec>, store_exps)),
         logits_keep_exps(store_exps && keeps_exps_in_logits(c)),
@@ -203,13 +200,13 @@ class FusedStrategy {
   /// Rows per block after the head: the core's block_rows for a call that may keep its exps (their three
   /// blocks must stay in cache), loss_block_factor times that, where the size was chosen from the cache
   /// (Options::block_rows = 0), for a call that keeps none whatever the kernels' form (the loss only, the
-  /// softcap, probability targets): there a block holds nothing in cache, and each block costs a launch and
+  /// softcap): there a block holds nothing in cache, and each block costs a launch and
   /// a collective, ~6 us (measured, fp32 forward at N 4096 x V_local 32768: 4x the cached size 25.9 / 52.0 ms
   /// at 1 rank x 2 threads / 2 ranks x 1 thread, 256x 24.6 / 48.6; perf_tests/NOTES.md, issue 12, ninth
   /// round). Decided by the call and the options alone, the same on every rank.
   static std::int64_t rows_per_block(const Ctx& c) {
     const std::int64_t rows = c.core.block_rows;
-    const bool keeps_none = c.what == Write::loss || Ctx::capped || c.core.opt.probability_targets;
+    const bool keeps_none = c.what == Write::loss || Ctx::capped;
     if (!keeps_none || c.core.opt.block_rows != 0) return rows;
     constexpr std::int64_t most = std::numeric_limits<std::int64_t>::max();
     return rows > most / loss_block_factor ? most : rows * loss_block_factor;
@@ -242,18 +239,18 @@ class FusedStrategy {
 
   /// Whether the rows after the head keep their exps in the logits' own rows rather than the scratch: on the
   /// host, in place over logits of the compute type (the exps' type), where neither the entropy (its sum needs
-  /// x - m beside each exp when a chunk is done again) nor the entropy weight (its gradient reads the logits)
-  /// is asked for. The statistics store each exp where they have just read its logit, and the gradient
-  /// where it reads the exp: lines already in L1 (a chunk done again reads its logits back from the values
-  /// stored: HostInner::online_stats). Fewer lines through the caches than a scratch beside the logits: fp32
-  /// in place, N 4096 x V_local 32768 on a Zen 4, -7 to -14% (-19% in cache; perf_tests/NOTES.md, issue 12,
-  /// fourteenth round). The head keeps its exps in the scratch: nothing the caller sees is written before the
-  /// status is known.
+  /// x - m beside each exp when a chunk is done again), the entropy weight (its gradient reads the logits) nor
+  /// probability targets (their sums read the row after its statistics) are asked for. The statistics store each exp
+  /// where they have just read its logit, and the gradient where it reads the exp: lines already in L1 (a chunk done
+  /// again reads its logits back from the values stored: HostInner::online_stats). Fewer lines through the caches than
+  /// a scratch beside the logits: fp32 in place, N 4096 x V_local 32768 on a Zen 4, -7 to -14% (-19% in cache;
+  /// perf_tests/NOTES.md, issue 12, fourteenth round). The head keeps its exps in the scratch: nothing the caller sees
+  /// is written before the status is known.
   static bool keeps_exps_in_logits(const Ctx& c) {
     using G = std::remove_pointer_t<decltype(c.y.data)>;
     constexpr bool same_type = std::is_same_v<typename Ctx::Scalar, T> && std::is_same_v<G, T>;
     return is_host_space_v<Exec> && same_type && c.what == Write::grad && in_place(c) && !c.args.p.entropy &&
-           c.args.p.beta == T(0);
+           c.args.p.beta == T(0) && !c.args.probs;
   }
   /// The gradient's rows (the logits'), where they keep the exps of the rows after the head, else none.
   RowPtr<T> logits_rows() const {
@@ -297,9 +294,6 @@ class FusedStrategy {
     if (!s.empty()) {
       ScopedRegion region("vpce::stats");
       c.for_rows("vpce::local_stats", s.r0, s.r1, Stats(c.args, ws.recs(), exps(s), ws.chunk_max));
-      if (c.args.probs)
-        c.for_rows("vpce::target_prob_sums", s.r0, s.r1,
-                   TargetProbSums<typename Ctx::Scalar, T, memory_space, Ctx::capped>(c.args, ws.recs()));
     }
     if (!f.empty()) c.finalize(f.r0, f.r1, exps(f));
   }

@@ -900,18 +900,51 @@ struct TeamInner {
   }
   template <class T, class F>
   KOKKOS_FORCEINLINE_FUNCTION T sum(std::int64_t n, const F& f) const {
-    double total = 0;
+    return sums_max<T, 1>(
+               n, [&](std::int64_t j) { return Terms<T, 1>{{T(f(j))}}; }, [](std::int64_t) { return neg_inf<T>(); },
+               nullptr)
+        .v[0];
+  }
+  /// K sums of f(j)'s terms (Terms<T, K>), each summed per thread in T over chunks of chunk_per_thread columns
+  /// and in double across them, and *max = the max of g(j) (not formed where max is null), in one pass: the
+  /// contract of HostInner::sums_max (the row is not prefetched: `ahead` is the host's).
+  template <class T, int K, class F, class G, Hint H = Hint::l2>
+  KOKKOS_FORCEINLINE_FUNCTION Terms<T, K> sums_max(std::int64_t n, const F& f, const G& g, T* max,
+                                                   const Ahead<H>& /*ahead*/ = {}) const {
+    double total[K] = {};
+    T mx = neg_inf<T>();
+    auto add = [&](const Terms<T, K>& v, T gv, Terms<T, K>& acc) {
+      for (int k = 0; k < K; ++k) acc.v[k] += v.v[k];
+      mx = gv > mx ? gv : mx;
+    };
     chunks(
-        n, T(0),
-        [&](std::int64_t j, std::int64_t nt, T& acc) {
-          T v[unroll];
-          for (int u = 0; u < unroll; ++u) v[u] = f(j + u * nt);
-          for (int u = 0; u < unroll; ++u) acc += v[u];
+        n, Terms<T, K>{},
+        [&](std::int64_t j, std::int64_t nt, Terms<T, K>& acc) {
+          Terms<T, K> v[unroll];
+          T gv[unroll];
+          for (int u = 0; u < unroll; ++u) {
+            gv[u] = g(j + u * nt);
+            v[u] = f(j + u * nt);
+          }
+          for (int u = 0; u < unroll; ++u) add(v[u], gv[u], acc);
         },
-        [&](std::int64_t j, T& acc) { acc += T(f(j)); }, [&](T acc) { total += double(acc); });
-    T s = T(total);
-    member.team_reduce(Kokkos::Sum<T>(s));
-    return s;
+        [&](std::int64_t j, Terms<T, K>& acc) {
+          const T gv = g(j);
+          add(f(j), gv, acc);
+        },
+        [&](const Terms<T, K>& acc) {
+          for (int k = 0; k < K; ++k) total[k] += double(acc.v[k]);
+        });
+    Terms<T, K> out;
+    for (int k = 0; k < K; ++k) {
+      out.v[k] = T(total[k]);
+      member.team_reduce(Kokkos::Sum<T>(out.v[k]));
+    }
+    if (max != nullptr) {
+      member.team_reduce(MaxOrNegInf<T>(mx));
+      *max = mx;
+    }
+    return out;
   }
   template <class F>
   KOKKOS_FORCEINLINE_FUNCTION void for_each(std::int64_t n, const F& f) const {
@@ -1094,20 +1127,60 @@ struct KernelArgs {
 
 /// The sums of a row's target probabilities q (with class weights w, or nullptr) against its logits x(j):
 /// t = sum w_j q_j x_j (a q_j of 0 adds 0, also at a -inf logit), q = sum q_j, or -inf if some q_j < 0, and
-/// wq = sum w_j q_j: a pass for each (the row of q and the logits' row from cache after the first).
-template <class T, class Inner, class Q, class X>
+/// wq = sum w_j q_j. One pass forms t, wq and the most negative q_j; with weights a second one forms q.
+/// `ahead`: the row that q reads, prefetched (the logits' row is in cache after the statistics). Each sum as
+/// the inner policy's sum() forms it.
+template <class T, class Inner, class Q, class X, class A>
 KOKKOS_INLINE_FUNCTION void probability_sums(const Inner& in, std::int64_t n, const Q& q, const X& x, const T* w, T* t,
-                                             T* qs, T* wq) {
-  auto qx = [&](T qj, std::int64_t j) { return select(qj == T(0), T(0), qj * x(j)); };
+                                             T* qs, T* wq, const A& ahead) {
+  auto neg_q = [q](std::int64_t j) { return -q(j); };
+  T most_negative;
+  Terms<T, 2> s;
   if (w != nullptr) {  // the branch outside the loops: inside, GCC leaves some of them scalar
-    *t = in.template sum<T>(n, [&](std::int64_t j) { return qx(w[j] * q(j), j); });
+    s = in.template sums_max<T, 2>(
+        n,
+        [q, x, w](std::int64_t j) {
+          const T wq_j = w[j] * q(j);
+          return Terms<T, 2>{{select(wq_j == T(0), T(0), wq_j * x(j)), wq_j}};
+        },
+        neg_q, &most_negative, ahead);
+    *qs = in.template sum<T>(n, q);
   } else {
-    *t = in.template sum<T>(n, [&](std::int64_t j) { return qx(q(j), j); });
+    s = in.template sums_max<T, 2>(
+        n,
+        [q, x](std::int64_t j) {
+          const T q_j = q(j);
+          return Terms<T, 2>{{select(q_j == T(0), T(0), q_j * x(j)), q_j}};
+        },
+        neg_q, &most_negative, ahead);
+    *qs = s.v[1];
   }
-  *qs = in.template sum<T>(n, q);
-  const T most_negative = in.template max<T>(n, [&](std::int64_t j) { return -q(j); });
-  *wq = w != nullptr ? in.template sum<T>(n, [&](std::int64_t j) { return w[j] * q(j); }) : *qs;
+  *t = s.v[0];
+  *wq = s.v[1];
   if (most_negative > T(0)) *qs = neg_inf<T>();
+}
+
+/// probability_sums of row i of a's logits (transformed as a.p says) and target probabilities.
+template <bool Capped, class S, class T, class MemSpace, class Inner>
+KOKKOS_INLINE_FUNCTION void row_probability_sums(const Inner& in, const KernelArgs<S, T, MemSpace>& a, std::int64_t i,
+                                                 T* t, T* qs, T* wq) {
+  const S* x = a.x + i * a.ld_x;
+  const S* qr = a.q + i * a.ld_q;
+  const Params<T> p = a.p;  // the lambdas hold their values: by reference GCC gathered them per column
+  probability_sums<T>(
+      in, a.n, [qr](std::int64_t j) { return to_compute(qr[j]); },
+      [x, p](std::int64_t j) { return p.template transform<Capped>(to_compute(x[j])); },
+      p.weights == nullptr ? nullptr : p.weights + a.begin, t, qs, wq, Ahead<read_hint<S>>::of(qr));
+}
+
+/// row_probability_sums, not inlined on the host (everything it calls is: VPCE_FLATTEN's reason): inlined into
+/// the statistics' row (LocalStats), it cost their loop 2% in calls without probability targets (fp32
+/// `loss_and_grad` in cache on a Zen 4).
+template <bool Capped, class S, class T, class MemSpace, class Inner>
+KOKKOS_FUNCTION VPCE_NOINLINE VPCE_FLATTEN void row_probability_sums_apart(const Inner& in,
+                                                                           const KernelArgs<S, T, MemSpace>& a,
+                                                                           std::int64_t i, T* t, T* qs, T* wq) {
+  row_probability_sums<Capped>(in, a, i, t, qs, wq);
 }
 
 /// The records a statistics kernel writes (one per row) and Finalize reads (the merged ones), flat.
@@ -1164,7 +1237,8 @@ class LocalStats {
         m_a.n, Logits<S>{x}, [&](T z) { return p.template transform<Capped>(z); }, smoothing,
         p.weights == nullptr ? nullptr : p.weights + m_a.begin, p.entropy, e, over_logits,
         [&](std::int64_t chunk, T m) { m_chunk_max(i, chunk) = m; }, Ahead<read_hint<S>>::of(x), pace);
-    const RowStats<T> r = mark_row(o.m, o.s, t, smoothing ? o.sx : T(0), p.entropy ? o.h : T(0), o.zmax);
+    RowStats<T> r = mark_row(o.m, o.s, t, smoothing ? o.sx : T(0), p.entropy ? o.h : T(0), o.zmax);
+    if (m_a.probs) row_probability_sums_apart<Capped>(in, m_a, i, &r.t, &r.q, &r.wq);  // the row still in cache
     in.single([&]() { m_out.store(i, r); });
   }
 
@@ -1246,44 +1320,27 @@ class LocalSumGather {
   seed_stats_view<T, MemSpace> m_out;
 };
 
-/// With probability targets, after the statistics of a row (LocalStats, or the seed's LocalSumGather): the
-/// sums of its target probabilities (probability_sums) into its record's t, q, wq, or the seed's columns
-/// 2, 4, 5. A pass of its own, so that the statistics' kernels stay as they are without them.
+/// With probability targets, the seed strategy's pass after LocalSumGather: the sums of each row's target
+/// probabilities (probability_sums) into its columns 2, 4, 5 (the fused strategy's LocalStats forms them with
+/// the statistics).
 template <class S, class T, class MemSpace, bool Capped>
 class TargetProbSums {
  public:
-  TargetProbSums(const KernelArgs<S, T, MemSpace>& args, const Records<T, MemSpace>& records)
-      : m_a(args), m_records(records) {}
   TargetProbSums(const KernelArgs<S, T, MemSpace>& args, const seed_stats_view<T, MemSpace>& seed)
       : m_a(args), m_seed(seed) {}
   template <class Inner>
   KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t i) const {
-    const S* x = m_a.x + i * m_a.ld_x;
-    const S* qr = m_a.q + i * m_a.ld_q;
-    const Params<T>& p = m_a.p;
     T t, qs, wq;
-    probability_sums<T>(
-        in, m_a.n, [&](std::int64_t j) { return to_compute(qr[j]); },
-        [&](std::int64_t j) { return p.template transform<Capped>(to_compute(x[j])); },
-        p.weights == nullptr ? nullptr : p.weights + m_a.begin, &t, &qs, &wq);
+    row_probability_sums<Capped>(in, m_a, i, &t, &qs, &wq);
     in.single([&]() {
-      if (m_seed.extent(0) > 0) {
-        m_seed(i, 2) = t;
-        m_seed(i, 4) = qs;
-        m_seed(i, 5) = wq;
-      } else {
-        RowStats<T> r = m_records.load(i);
-        r.t = t;
-        r.q = qs;
-        r.wq = wq;
-        m_records.store(i, r);
-      }
+      m_seed(i, 2) = t;
+      m_seed(i, 4) = qs;
+      m_seed(i, 5) = wq;
     });
   }
 
  private:
   KernelArgs<S, T, MemSpace> m_a;
-  Records<T, MemSpace> m_records;
   seed_stats_view<T, MemSpace> m_seed;
 };
 
@@ -1591,15 +1648,18 @@ class Finalize {
     return ChunkK{big_f * k.kp * p.scale, big_f * k.gi * p.beta * p.scale, k.mu + (k.r.m - m_c), m_c};
   }
   /// f(term, smooth) with column j's softmax part term(e, j, chunk constants) from its stored exp e, and
-  /// its smoothing term smooth(j). With an entropy weight the term p_j beta (mu - x_j) needs x_j: read from
-  /// the logits (still in cache), and mu - x_j formed as (mu + M - m_c) - (x_j - m_c) against the chunk's
-  /// max. With class weights and smoothing the smoothing term is k0 w_j (the weights read beside the exps).
+  /// the terms of the target distribution smooth(j), both times dx/dz = S. With an entropy weight the term
+  /// p_j beta (mu - x_j) needs x_j: read from the logits (still in cache), and mu - x_j formed as
+  /// (mu + M - m_c) - (x_j - m_c) against the chunk's max. With class weights and smoothing the smoothing
+  /// term is k0 w_j (the weights read beside the exps); with probability targets (k0 + kq q_j) w_j, the row
+  /// of q read beside the exps (w_j = 1 without class weights).
   template <class F>
   KOKKOS_INLINE_FUNCTION void with_stored_terms(const Row& k, const F& f) const {
     static_assert(!Capped, "x_j = S z_j here");
     const Params<T>& p = m_a.p;
-    const T k0 = k.ka * p.scale;
-    const T* w = p.weights != nullptr && p.alpha > T(0) ? p.weights + m_a.begin : nullptr;
+    const T k0 = k.ka * p.scale, kq = k.gi * (T(1) - p.alpha) * p.scale;
+    const S* qr = m_a.q == nullptr ? nullptr : m_a.q + k.i * m_a.ld_q;
+    const T* w = p.weights != nullptr && (p.alpha > T(0) || qr != nullptr) ? p.weights + m_a.begin : nullptr;
     const S* x = k.x;
     // Scalars held by value, as in write_from_logits.
     auto softmax = [](T e, std::int64_t, const ChunkK& ck) { return e * ck.f; };
@@ -1609,16 +1669,23 @@ class Finalize {
     };
     auto smooth = [k0](std::int64_t) { return k0; };
     auto smooth_weighted = [k0, w](std::int64_t j) { return k0 * w[j]; };
-    if (p.beta == T(0)) {
-      if (w != nullptr) {
-        f(softmax, smooth_weighted);
+    auto probs = [k0, kq, qr](std::int64_t j) { return k0 + kq * to_compute(qr[j]); };
+    auto probs_weighted = [k0, kq, qr, w](std::int64_t j) { return (k0 + kq * to_compute(qr[j])) * w[j]; };
+    auto with_smooth = [&](const auto& term) {
+      if (qr != nullptr && w != nullptr) {
+        f(term, probs_weighted);
+      } else if (qr != nullptr) {
+        f(term, probs);
+      } else if (w != nullptr) {
+        f(term, smooth_weighted);
       } else {
-        f(softmax, smooth);
+        f(term, smooth);
       }
-    } else if (w != nullptr) {
-      f(entropic, smooth_weighted);
+    };
+    if (p.beta == T(0)) {
+      with_smooth(softmax);
     } else {
-      f(entropic, smooth);
+      with_smooth(entropic);
     }
   }
   /// The value of the target column (fix_at), formed apart, or 0.
