@@ -231,7 +231,8 @@ TYPED_TEST(ProbabilityTest, SmoothingMeanAndClassWeights) {
   this->expect_all_match(opt, "probabilities, smoothing, mean, class weights", true);
 }
 
-// With the z-loss, an entropy bonus and the softcap; then the device's form of the kernels.
+// With the z-loss, an entropy bonus and the softcap; without the softcap (the host's gradient from stored
+// exps); then the device's form of the kernels.
 TYPED_TEST(ProbabilityTest, WithEverything) {
   vpce::Options opt;
   opt.label_smoothing = 0.1;
@@ -240,8 +241,9 @@ TYPED_TEST(ProbabilityTest, WithEverything) {
   opt.softcap = 6;
   opt.reduction = vpce::Reduction::sum;
   this->expect_all_match(opt, "probabilities, smoothing, z-loss, entropy bonus, softcap", true);
-  opt.force_team_kernels = true;
   opt.softcap = 0;
+  this->expect_all_match(opt, "probabilities, smoothing, z-loss, entropy bonus", true);
+  opt.force_team_kernels = true;
   this->expect_all_match(opt, "probabilities, ..., team kernels", true);
 }
 
