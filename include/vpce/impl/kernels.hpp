@@ -235,18 +235,16 @@ struct HostInner {
   /// ISA's; sums_max: in Lanes lanes): each lane adds 32 terms in T, then into a lane total in double; the
   /// lane totals are added in order at the end. A plain float sum over a 50k-column row with one dominant
   /// logit lost ~2e-4 nats (every small term rounded against ~1). The lanes are explicit so that the partials
-  /// stay in vector registers: a `reduction(+)` per chunk ended each chunk with a serial horizontal sum.
-  template <class T, class F>
-  KOKKOS_FORCEINLINE_FUNCTION T sum(std::int64_t n, const F& f) const {
+  /// stay in vector registers: a `reduction(+)` per chunk ended each chunk with a serial horizontal sum. The
+  /// row f reads from memory is prefetched `ahead` (none by default).
+  template <class T, class F, Hint H = Hint::l2>
+  KOKKOS_FORCEINLINE_FUNCTION T sum(std::int64_t n, const F& f, const Ahead<H>& ahead = {}) const {
     T unused;
-    return sum_max<T>(
-        n, f, [](std::int64_t) { return neg_inf<T>(); }, &unused);
-  }
-  /// sum(n, f), and *max = the max of g(j) over the same columns, in the same pass.
-  template <class T, class F, class G>
-  KOKKOS_FORCEINLINE_FUNCTION T sum_max(std::int64_t n, const F& f, const G& g, T* max) const {
+    // f held by value (so are the callers' captures in online_chunk): by reference GCC left bfloat16's
+    // weighted sum of x scalar (1.6x slower in cache; perf_tests/NOTES.md, issue 12, twenty-fifth round).
     return sums_max<T, 1>(
-               n, [&](std::int64_t j) { return Terms<T, 1>{{f(j)}}; }, g, max)
+               n, [f](std::int64_t j) { return Terms<T, 1>{{f(j)}}; }, [](std::int64_t) { return neg_inf<T>(); },
+               &unused, ahead)
         .v[0];
   }
   /// K sums at once, f(j) giving column j's K terms (Terms<T, K>), each summed as sum() does, and *max = the
@@ -586,23 +584,13 @@ struct HostInner {
     // The sum of x (label smoothing) in a pass of its own before the exps. Where it is the first to read the
     // chunk from the logits, it prefetches the row as the exps' pass does (fp32 smoothing at N 4096 x V_local
     // 32768 on a Zen 4: 0.89 / 0.97x in time at 1x2 / 2x1, bfloat16 0.86 / 0.96x); a widened chunk is in L1
-    // already. The lambdas hold their values: by reference GCC left bfloat16's weighted sum scalar here (1.6x
-    // slower in cache; perf_tests/NOTES.md, issue 12, twenty-fifth round).
-    auto sum_of = [&](const auto& f) {
-      T unused;
-      auto no_max = [](std::int64_t) { return neg_inf<T>(); };
-      auto terms = [f](std::int64_t j) { return Terms<T, 1>{{f(j)}}; };
-      if constexpr (is_widened_v<ZC>) {
-        return sums_max<T, 1>(len, terms, no_max, &unused).v[0];
-      } else {
-        return sums_max<T, 1>(len, terms, no_max, &unused, ahd).v[0];
-      }
-    };
+    // already. The lambdas hold their values, as sum() holds them.
+    const Ahead<H> sum_ahead = is_widened_v<ZC> ? Ahead<H>{} : ahd;
     if (sum_x && weights != nullptr) {
       const T* wc = weights + j0;
-      st.sx += sum_of([wc, x, zc](std::int64_t j) { return wc[j] * x(zc(j)); });
+      st.sx += sum<T>(len, [wc, x, zc](std::int64_t j) { return wc[j] * x(zc(j)); }, sum_ahead);
     } else if (sum_x) {
-      st.sx += sum_of([x, zc](std::int64_t j) { return x(zc(j)); });
+      st.sx += sum<T>(len, [x, zc](std::int64_t j) { return x(zc(j)); }, sum_ahead);
     }
     if (st.m != neg_inf<T>()) {
       T cz;
