@@ -43,7 +43,13 @@ std::vector<double> make_probs(std::int64_t n, std::int64_t v, std::uint64_t see
       q[i * v + j] = r;
       total += r;
     }
-    for (std::int64_t j = 0; j < v; ++j) q[i * v + j] = double(static_cast<Scalar>(q[i * v + j] / total));
+    for (std::int64_t j = 0; j < v; ++j) {
+      if constexpr (vpce::is_16bit_v<Scalar>) {
+        q[i * v + j] = static_cast<float>(Scalar(static_cast<float>(q[i * v + j] / total)));
+      } else {
+        q[i * v + j] = double(static_cast<Scalar>(q[i * v + j] / total));
+      }
+    }
   }
   return q;
 }
@@ -311,5 +317,92 @@ TYPED_TEST(ProbabilityTest, NoExtraCollective) {
     EXPECT_EQ(soft_calls, count_mpi_calls([&] { ids.loss_and_grad(in.x, in.y, loss, grad); }));
   }
 }
+
+// 16-bit logits and target probabilities (bfloat16, float16; the host widens float16 to float 16 columns at a
+// time where the CPU has F16C): rows of over two chunks of 4096 columns and a ragged end on every rank, with
+// smoothing, class weights and an entropy weight, every strategy and mode, blocks of 4 rows (the fused
+// strategy's gradient from stored exps, written in pieces in step with the next rows' statistics) and the
+// default; against the float64 reference over the rounded values: the loss, a float gradient, and a 16-bit
+// gradient out of place and in place within its rounding.
+template <class S>
+void expect_sixteen_bit_probabilities_match() {
+  using F = Config<float, DefaultExec>;
+  using cross_entropy = vpce::CrossEntropy<S, DefaultExec>;
+  using memory_space = typename cross_entropy::memory_space;
+  using matrix16 = Kokkos::View<S**, Kokkos::LayoutRight, memory_space>;
+  const vpce::Communicator comm{MPI_COMM_WORLD};
+  const auto part = vpce::VocabPartition::even(std::int64_t(9011) * comm.size() - 3, comm);
+  const std::int64_t w = part.local_size();
+  Problem p = make_problem<float>(13, part.vocab_size(), 41);
+  for (auto& v : p.x) v = static_cast<float>(S(static_cast<float>(v)));
+  const std::vector<double> q = make_probs<S>(p.n, p.v, 42);
+  std::vector<double> cw(p.v);
+  for (std::int64_t j = 0; j < p.v; ++j) cw[j] = j % 7 == 3 ? 0.0 : 0.5 + double(j % 4) * 0.375;
+  auto local16 = [&](const std::vector<double>& global) {
+    matrix16 out("local16", p.n, w);
+    auto h = Kokkos::create_mirror_view(out);
+    for (std::int64_t i = 0; i < p.n; ++i)
+      for (std::int64_t j = 0; j < w; ++j) h(i, j) = S(static_cast<float>(global[i * p.v + part.begin() + j]));
+    Kokkos::deep_copy(out, h);
+    return out;
+  };
+  const matrix16 x = local16(p.x), probs = local16(q);
+  Kokkos::View<float*, memory_space> local_w("w", w);
+  auto h_w = Kokkos::create_mirror_view(local_w);
+  for (std::int64_t j = 0; j < w; ++j) h_w(j) = float(cw[part.begin() + j]);
+  Kokkos::deep_copy(local_w, h_w);
+  const float s = static_cast<float>(kGradScale);
+  const std::vector<double> scale(p.n, kGradScale);
+  const Tol tol16 = std::is_same_v<S, vpce::bfloat16> ? Tol{4e-3, 1e-7} : Tol{6e-4, 1e-7};  // half an ulp
+  auto to_host16 = [&](const matrix16& v) {
+    auto h = Kokkos::create_mirror_view(v);
+    Kokkos::deep_copy(h, v);
+    std::vector<double> out(p.n * w);
+    for (std::int64_t i = 0; i < p.n; ++i)
+      for (std::int64_t j = 0; j < w; ++j) out[i * w + j] = static_cast<float>(h(i, j));
+    return out;
+  };
+  for (const bool weighted : {false, true}) {
+    vpce::Options base;
+    base.probability_targets = true;
+    base.label_smoothing = 0.1;
+    base.entropy_weight = weighted ? -0.2 : 0.0;
+    const Reference ref = reference_probs(p, q, base, weighted ? &cw : nullptr);
+    const auto expected = expected_grad(ref, p, part.begin(), w, scale);
+    for (auto strategy : {vpce::Strategy::fused, vpce::Strategy::seed}) {
+      for (auto mode : {vpce::Mode::stash_softmax, vpce::Mode::recompute}) {
+        for (const std::int64_t rows : {base.block_rows, std::int64_t(4)}) {
+          vpce::Options opt = base;
+          opt.strategy = strategy;
+          opt.mode = mode;
+          opt.block_rows = rows;
+          cross_entropy ce(comm, part, opt);
+          if (weighted) ce.set_class_weights(local_w);
+          const std::string what = std::string(weighted ? "class weights, entropy weight, " : "") + describe(opt);
+          auto loss = poisoned_vector<F>(p.n);
+          auto grad = poisoned_matrix<F>(p.n, w);
+          ce.loss_and_grad(x, probs, loss, grad, s);
+          expect_allclose(to_host(loss), ref.loss, Tolerance<float>::loss, what + ": loss");
+          expect_allclose(to_host(grad), expected, Tolerance<float>::grad, what + ": float gradient", w);
+          matrix16 g16("g16", p.n, w);
+          ce.loss_and_grad(x, probs, loss, g16, s);
+          expect_allclose(to_host16(g16), expected, tol16, what + ": 16-bit gradient", w);
+          matrix16 buf("buf16", p.n, w);
+          Kokkos::deep_copy(buf, x);
+          ce.loss_and_grad(buf, probs, loss, buf, s);
+          expect_allclose(to_host(loss), ref.loss, Tolerance<float>::loss, what + ": loss in place");
+          expect_allclose(to_host16(buf), expected, tol16, what + ": 16-bit gradient in place", w);
+          auto grad_b = poisoned_matrix<F>(p.n, w);
+          ce.forward(x, probs, loss);
+          ce.backward(s, grad_b);
+          expect_allclose(to_host(grad_b), expected, Tolerance<float>::grad, what + ": backward", w);
+        }
+      }
+    }
+  }
+}
+
+TEST(ProbabilityTest16, BFloat16) { expect_sixteen_bit_probabilities_match<vpce::bfloat16>(); }
+TEST(ProbabilityTest16, Float16) { expect_sixteen_bit_probabilities_match<vpce::float16>(); }
 
 }  // namespace

@@ -512,7 +512,6 @@ struct HostInner {
     return online<1, false, T, Lanes, A>(n, z, x, sum_x, weights, exps, chunk_max, ahead, pace);
   }
 
- private:
   /// zs[j] = float(x[j]) for j in [0, n) by the CPU's instructions (widen16_hw), x prefetched `ahead`.
   template <class S, Hint H>
   KOKKOS_FORCEINLINE_FUNCTION static void widen(std::int64_t n, const S* x, float* zs, const Ahead<H>& ahead) {
@@ -524,6 +523,8 @@ struct HostInner {
     }
     for (std::int64_t j = whole; j < n; ++j) zs[j] = float(x[j]);
   }
+
+ private:
   /// y[j] = v(j) for j in [0, n), prefetching `ahead` once per 64 bytes of y; whole lines by round_line, so
   /// that a 16-bit G is rounded by the CPU's conversions where the build has them (bfloat16 in place -15%,
   /// backward -22% on an AMD EPYC Zen 5 against to_storage's integer rounding; NOTES.md, issue 12,
@@ -1170,17 +1171,46 @@ KOKKOS_INLINE_FUNCTION void probability_sums(const Inner& in, std::int64_t n, co
   if (most_negative > T(0)) *qs = neg_inf<T>();
 }
 
-/// probability_sums of row i of a's logits (transformed as a.p says) and target probabilities.
+/// probability_sums of row i of a's logits (transformed as a.p says) and target probabilities. On the host, rows
+/// of float16 go in pieces of chunk_cols columns, each piece of q and of the logits widened to float first
+/// (HostInner::widen: F16C's vcvtph2ps where the build has it), the pieces' sums added in double; the same
+/// pieces without F16C, so that the bits do not depend on the ISA. Read in the loops, float16 in software took
+/// ~10 integer operations per vector for each row: float16 probability targets cost 2.8x the plain call in cache
+/// on a Zen 4, bfloat16 1.6x (perf_tests/NOTES.md, issue 12, twenty-sixth round).
 template <bool Capped, class S, class T, class MemSpace, class Inner>
 KOKKOS_INLINE_FUNCTION void row_probability_sums(const Inner& in, const KernelArgs<S, T, MemSpace>& a, std::int64_t i,
                                                  T* t, T* qs, T* wq) {
   const S* x = a.x + i * a.ld_x;
   const S* qr = a.q + i * a.ld_q;
   const Params<T> p = a.p;  // the lambdas hold their values: by reference GCC gathered them per column
-  probability_sums<T>(
-      in, a.n, [qr](std::int64_t j) { return to_compute(qr[j]); },
-      [x, p](std::int64_t j) { return p.template transform<Capped>(to_compute(x[j])); },
-      p.weights == nullptr ? nullptr : p.weights + a.begin, t, qs, wq, Ahead<read_hint<S>>::of(qr));
+  const T* w = p.weights == nullptr ? nullptr : p.weights + a.begin;
+  const Ahead<read_hint<S>> ahead = Ahead<read_hint<S>>::of(qr);
+  if constexpr (std::is_same_v<S, float16> && std::is_same_v<Inner, HostInner>) {
+    double sum_t = 0, sum_q = 0, sum_wq = 0;
+    bool negative = false;
+    for (std::int64_t j0 = 0; j0 < a.n; j0 += chunk_cols) {
+      const std::int64_t len = j0 + chunk_cols < a.n ? chunk_cols : a.n - j0;
+      alignas(64) float qw[chunk_cols], xw[chunk_cols];
+      HostInner::widen(len, qr + j0, qw, ahead.from(j0));
+      HostInner::widen(len, x + j0, xw, Ahead<Hint::l2>{});  // in cache after the statistics
+      const Widened<false> xc{xw};
+      T piece_t, piece_q, piece_wq;
+      probability_sums<T>(
+          in, len, Widened<false>{qw}, [xc, p](std::int64_t j) { return p.template transform<Capped>(xc(j)); },
+          w == nullptr ? nullptr : w + j0, &piece_t, &piece_q, &piece_wq, Ahead<Hint::l2>{});
+      sum_t += double(piece_t);
+      sum_wq += double(piece_wq);
+      negative = negative || piece_q == neg_inf<T>();
+      sum_q += double(piece_q);
+    }
+    *t = T(sum_t);
+    *wq = T(sum_wq);
+    *qs = negative ? neg_inf<T>() : T(sum_q);
+  } else {
+    probability_sums<T>(
+        in, a.n, [qr](std::int64_t j) { return to_compute(qr[j]); },
+        [x, p](std::int64_t j) { return p.template transform<Capped>(to_compute(x[j])); }, w, t, qs, wq, ahead);
+  }
 }
 
 /// row_probability_sums, not inlined on the host (everything it calls is: VPCE_FLATTEN's reason): inlined into
@@ -1625,7 +1655,7 @@ class Finalize {
     auto smooth = [ka](std::int64_t) { return ka; };
     const T* w = weighted ? p.weights + m_a.begin : nullptr;
     auto smooth_weighted = [ka, w](std::int64_t j) { return ka * w[j]; };
-    const S* qr = m_a.q == nullptr ? nullptr : m_a.q + k.i * m_a.ld_q;
+    const S* qr = q_row(k.i);
     const T kq = gi * (T(1) - p.alpha);
     auto probs = [ka, kq, qr](std::int64_t j) { return ka + kq * to_compute(qr[j]); };
     auto probs_weighted = [ka, kq, qr, w](std::int64_t j) { return (ka + kq * to_compute(qr[j])) * w[j]; };
@@ -1657,35 +1687,36 @@ class Finalize {
     const T m_c = m_stored.chunk_max(k.i, j / chunk_cols), big_f = fast_exp_no_overflow(m_c - k.l);
     return ChunkK{big_f * k.kp * p.scale, big_f * k.gi * p.beta * p.scale, k.mu + (k.r.m - m_c), m_c};
   }
-  /// f(term, smooth) with column j's softmax part term(e, j, chunk constants) from its stored exp e, and
-  /// the terms of the target distribution smooth(j), both times dx/dz = S. With an entropy weight the term
-  /// p_j beta (mu - x_j) needs x_j: read from the logits (still in cache), and mu - x_j formed as
-  /// (mu + M - m_c) - (x_j - m_c) against the chunk's max. With class weights and smoothing the smoothing
-  /// term is k0 w_j (the weights read beside the exps); with probability targets (k0 + kq q_j) w_j, the row
-  /// of q read beside the exps (w_j = 1 without class weights).
-  template <class F>
-  KOKKOS_INLINE_FUNCTION void with_stored_terms(const Row& k, const F& f) const {
+  /// f(term, smooth) for the columns from j0 on, column j0 + j's softmax part term(e, j, chunk constants) from
+  /// its stored exp e, and the terms of the target distribution smooth(j), both times dx/dz = S; q(j) and z(j)
+  /// read that column's target probability and logit. With an entropy weight the term p_j beta (mu - x_j) needs
+  /// x_j: read from the logits (still in cache), and mu - x_j formed as (mu + M - m_c) - (x_j - m_c) against the
+  /// chunk's max. With class weights and smoothing the smoothing term is k0 w_j (the weights read beside the
+  /// exps); with probability targets (k0 + kq q_j) w_j, the row of q read beside the exps (w_j = 1 without class
+  /// weights).
+  template <class Q, class Z, class F>
+  KOKKOS_INLINE_FUNCTION void with_stored_terms(const Row& k, std::int64_t j0, const Q& q, const Z& z,
+                                                const F& f) const {
     static_assert(!Capped, "x_j = S z_j here");
     const Params<T>& p = m_a.p;
     const T k0 = k.ka * p.scale, kq = k.gi * (T(1) - p.alpha) * p.scale;
-    const S* qr = m_a.q == nullptr ? nullptr : m_a.q + k.i * m_a.ld_q;
-    const T* w = p.weights != nullptr && (p.alpha > T(0) || qr != nullptr) ? p.weights + m_a.begin : nullptr;
-    const S* x = k.x;
+    const bool probs = m_a.q != nullptr;
+    const T* w = p.weights != nullptr && (p.alpha > T(0) || probs) ? p.weights + m_a.begin + j0 : nullptr;
     // Scalars held by value, as in write_from_logits.
     auto softmax = [](T e, std::int64_t, const ChunkK& ck) { return e * ck.f; };
-    auto entropic = [x, scale = p.scale](T e, std::int64_t j, const ChunkK& ck) {
-      const T xj = to_compute(x[j]) * scale;
+    auto entropic = [z, scale = p.scale](T e, std::int64_t j, const ChunkK& ck) {
+      const T xj = z(j) * scale;
       return select(e == T(0), T(0), e * (ck.f + ck.fb * (ck.d - (xj - ck.m_c))));
     };
     auto smooth = [k0](std::int64_t) { return k0; };
     auto smooth_weighted = [k0, w](std::int64_t j) { return k0 * w[j]; };
-    auto probs = [k0, kq, qr](std::int64_t j) { return k0 + kq * to_compute(qr[j]); };
-    auto probs_weighted = [k0, kq, qr, w](std::int64_t j) { return (k0 + kq * to_compute(qr[j])) * w[j]; };
+    auto target_probs = [k0, kq, q](std::int64_t j) { return k0 + kq * q(j); };
+    auto target_probs_weighted = [k0, kq, q, w](std::int64_t j) { return (k0 + kq * q(j)) * w[j]; };
     auto with_smooth = [&](const auto& term) {
-      if (qr != nullptr && w != nullptr) {
-        f(term, probs_weighted);
-      } else if (qr != nullptr) {
-        f(term, probs);
+      if (probs && w != nullptr) {
+        f(term, target_probs_weighted);
+      } else if (probs) {
+        f(term, target_probs);
       } else if (w != nullptr) {
         f(term, smooth_weighted);
       } else {
@@ -1698,12 +1729,16 @@ class Finalize {
       with_smooth(entropic);
     }
   }
+  /// Row i's target probabilities, or null.
+  KOKKOS_INLINE_FUNCTION const S* q_row(std::int64_t i) const {
+    return m_a.q == nullptr ? nullptr : m_a.q + i * m_a.ld_q;
+  }
   /// The value of the target column (fix_at), formed apart, or 0.
   KOKKOS_INLINE_FUNCTION T stored_fix(const Row& k) const {
     if constexpr (From == Source::stored_exp) {
       T fix = T(0);
       if (k.fix_at >= 0) {
-        with_stored_terms(k, [&](const auto& term, const auto& smooth) {
+        with_stored_terms(k, 0, Logits<S>{q_row(k.i)}, Logits<S>{k.x}, [&](const auto& term, const auto& smooth) {
           fix = term(m_stored.exps.row(k.i)[k.c], k.c, chunk_k(k, k.c)) - smooth(k.c) - k.kt * k.chain_c;
         });
       }
@@ -1714,21 +1749,42 @@ class Finalize {
     }
   }
   /// Columns [a, b) of a valid row from the stored exps, a chunk's constants at a time; one fence at the
-  /// end if `fence`.
+  /// end if `fence`. Where the host widens float16 by F16C (have_widen_hw), a chunk's q and logits (for the
+  /// entropy weight) are widened to float first, 16 columns a vcvtph2ps: read in the loop, each took ~10
+  /// integer operations per vector (perf_tests/NOTES.md, issue 12, twenty-sixth round).
   template <class Inner>
   KOKKOS_INLINE_FUNCTION void write_stored(const Inner& in, const Row& k, std::int64_t a, std::int64_t b,
                                            bool fence) const {
-    with_stored_terms(k, [&](const auto& term, const auto& smooth) {
-      const T* er = m_stored.exps.row(k.i);
+    const T* er = m_stored.exps.row(k.i);
+    const S* qr = q_row(k.i);
+    if constexpr (have_widen_hw<S> && std::is_same_v<Inner, HostInner>) {
       for (std::int64_t c0 = a - a % chunk_cols; c0 < b; c0 += chunk_cols) {
         const std::int64_t j0 = c0 > a ? c0 : a, j1 = c0 + chunk_cols < b ? c0 + chunk_cols : b;
         const ChunkK ck = chunk_k(k, j0);
         const T* ec = er + j0;
-        in.store(
-            j1 - j0, k.yr + j0, [=](std::int64_t j) { return term(ec[j], j0 + j, ck) - smooth(j0 + j); }, k.fix_at - j0,
-            G(k.fix), m_store, {}, fence && j1 == b);
+        alignas(64) float qw[chunk_cols], zw[chunk_cols];
+        if (qr != nullptr) HostInner::widen(j1 - j0, qr + j0, qw, Ahead<Hint::l2>{});
+        if (m_a.p.beta != T(0)) HostInner::widen(j1 - j0, k.x + j0, zw, Ahead<Hint::l2>{});
+        with_stored_terms(k, j0, Widened<false>{qw}, Widened<false>{zw}, [&](const auto& term, const auto& smooth) {
+          in.store(
+              j1 - j0, k.yr + j0, [=](std::int64_t j) { return term(ec[j], j, ck) - smooth(j); }, k.fix_at - j0,
+              G(k.fix), m_store, {}, fence && j1 == b);
+        });
       }
-    });
+    } else {
+      // The same loop with the row's terms formed once, outside it: formed per chunk, as above, they cost
+      // bfloat16 `loss_and_grad` 2-5% (the code around the loop; in place at 1 rank x 2 threads on a Zen 4).
+      with_stored_terms(k, 0, Logits<S>{qr}, Logits<S>{k.x}, [&](const auto& term, const auto& smooth) {
+        for (std::int64_t c0 = a - a % chunk_cols; c0 < b; c0 += chunk_cols) {
+          const std::int64_t j0 = c0 > a ? c0 : a, j1 = c0 + chunk_cols < b ? c0 + chunk_cols : b;
+          const ChunkK ck = chunk_k(k, j0);
+          const T* ec = er + j0;
+          in.store(
+              j1 - j0, k.yr + j0, [=](std::int64_t j) { return term(ec[j], j0 + j, ck) - smooth(j0 + j); },
+              k.fix_at - j0, G(k.fix), m_store, {}, fence && j1 == b);
+        }
+      });
+    }
   }
 
   KernelArgs<S, T, MemSpace> m_a;
