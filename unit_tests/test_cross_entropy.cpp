@@ -106,6 +106,43 @@ TYPED_TEST(CrossEntropyTest, RowsWhoseMaxGrowsByMoreThanE80) {
   this->check_strategies_and_kernels(part, p, all_paths(), "rising max");
 }
 
+// Label smoothing over rising_max_problem()'s rows: its sum of x is the exps' second sum, and a chunk done again
+// keeps the sum of its first pass; with and without class weights, out of place, in place (over fp32/fp64 logits
+// the exps over their own logits) and forward + backward, host and team kernels, both strategies.
+TYPED_TEST(CrossEntropyTest, SmoothingWhereTheMaxGrowsByMoreThanE80) {
+  using compute = typename TestFixture::cross_entropy::compute_type;
+  const auto part = vpce::VocabPartition::even(3 * 4096 * this->comm.size() + 7, this->comm);
+  const Problem p = rising_max_problem<typename TestFixture::scalar>(part, this->comm.size());
+  std::vector<double> w(p.v);
+  for (std::int64_t j = 0; j < p.v; ++j) w[j] = j % 7 == 3 ? 0.0 : 0.5 + double(j % 4) * 0.375;
+  Kokkos::View<compute*, typename TypeParam::memory_space> local_w("w", part.local_size());
+  auto h_w = Kokkos::create_mirror_view(local_w);
+  for (std::int64_t j = 0; j < part.local_size(); ++j) h_w(j) = compute(w[part.begin() + j]);
+  Kokkos::deep_copy(local_w, h_w);
+  const auto in = make_local<TypeParam>(p, part);
+  for (const bool weighted : {false, true}) {
+    vpce::Options base;
+    base.label_smoothing = 0.1;
+    const Reference ref = reference(p, base, weighted ? &w : nullptr);
+    for (auto strategy : {vpce::Strategy::fused, vpce::Strategy::seed}) {
+      for (bool teams : {false, true}) {
+        vpce::Options opt = base;
+        opt.strategy = strategy;
+        opt.force_team_kernels = teams;
+        opt.block_bytes_per_thread = 4096;
+        typename TestFixture::cross_entropy ce(this->comm, part, opt);
+        if (weighted) ce.set_class_weights(local_w);
+        for (Path path : {Path::fused_scalar, Path::fused_in_place_scalar, Path::forward_backward_scalar}) {
+          const Outputs out = run_path<TypeParam>(ce, in, path);
+          const std::string what =
+              std::string(weighted ? "class weights, " : "") + "smoothing, " + describe(opt) + ", " + to_string(path);
+          expect_matches_reference<TypeParam>(out, ref, p, part.begin(), part.local_size(), path_scale(p, path), what);
+        }
+      }
+    }
+  }
+}
+
 // In place (the gradient over the logits' own buffer) gives the same bits as out of place. In place over fp32
 // or fp64 logits the rows after the head keep each exp over the logit it comes from, and a chunk done again
 // takes its terms from the values stored: rising_max_problem()'s rows (chunks done again after their exps
