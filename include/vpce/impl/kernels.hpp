@@ -121,9 +121,10 @@ struct reads_pairs<Z, std::void_t<decltype(Z::pairs)>> : std::bool_constant<Z::p
 template <class Z>
 inline constexpr bool reads_pairs_v = reads_pairs<Z>::value;
 
-/// A chunk of a row of logits z whose type the CPU widens to float by its own instructions (have_widen_hw:
-/// float16 with F16C), read from the floats zs it was widened into (HostInner::online): z(j) and, where z has
-/// them, pair(j) as z's, the same values (a signalling NaN quieted). 16 float16 values in software take ~10
+/// A chunk of a row of 16-bit values read from the floats zs it was widened into (HostInner::widen; by the CPU's
+/// own instructions where have_widen_hw: float16 with F16C): the logits z of HostInner::online, with z(j) and,
+/// where z has them, pair(j) as z's, the same values (a signalling NaN quieted); also float16's target
+/// probabilities and logits in row_probability_sums and Finalize::write_stored. 16 float16 values in software take ~10
 /// integer operations per vector in every loop that reads them; here one vcvtph2ps, once per column.
 template <bool Pairs>
 struct Widened {
