@@ -6,13 +6,14 @@
 #   default  OpenMPI, Release, -march=native: every test.                                          build/
 #   asan     OpenMPI, AddressSanitizer + LeakSanitizer + UndefinedBehaviorSanitizer (setup.sh's      build-asan/
 #            VPCE_SANITIZE=1: GCC, -O0 -g; any report fails its test; scripts/lsan.supp): unit tests
-#            at 1, 2, 3 ranks and Serial at 3; the tool's loss/options/errors/linear suites at 1 rank,
-#            loss at 3, commands and faults at 2; examples (train_lm at 1 and 2); install test;
-#            GPU-aware path. Not: unit at 4 ranks, determinism, the tool's other rank counts.
+#            at 2, 3 ranks and Serial at 3 (their Math suite once, at 1 rank); the tool's
+#            loss/options/errors/linear suites at 1 rank, loss at 3, commands and faults at 2; examples
+#            (train_lm at 1 and 2); install test; GPU-aware path. Not: unit at 4 ranks, determinism, the
+#            tool's other rank counts.
 #   mpich    MPICH (setup.sh's VPCE_MPI=mpich; Debian's mpich, libmpich-dev, libhdf5-mpich-dev are     build-mpich/
-#            installed when missing), Debug: unit tests at 1 and 2 ranks; the tool's suites at 1 and 2
-#            ranks and loss at 3 (not faults, nor linear at 2: they kill a rank, see below); examples
-#            (C at 3 ranks); install test; GPU-aware path; determinism at 2 ranks.
+#            installed when missing), Debug: unit tests at 1 and 2 ranks (their Math suite once); the
+#            tool's suites at 1 and 2 ranks and loss at 3 (not faults, nor linear at 2: they kill a rank,
+#            see below); examples (C at 3 ranks); install test; GPU-aware path; determinism at 2 ranks.
 #   cuda     setup.sh's VPCE_CUDA=1: the whole tree (library, LinearCrossEntropy, tests, tool,          build-cuda/
 #            examples, benchmark) compiled for CUDA by NVIDIA's nvcc 13 from PyPI against Kokkos 3.4.01
 #            built for CUDA (sm_80), Debug; any compiler warning fails it. Nothing runs: no GPU here.
@@ -63,6 +64,7 @@ asan_skip+='|^vpce_tool_(loss_np[23]|options_np[23]|errors_np[23]|commands_np3|l
 # kill case inside vpce_tool_linear_np2): that guarantee holds under OpenMPI's mpiexec only.
 mpich_skip="$not_extra|^vpce_unit_(np[34]|serial_np3)\$|^vpce_tool_(options|errors|commands|linear)_np3\$"
 mpich_skip+='|^vpce_tool_faults_|^vpce_tool_linear_np2$|^vpce_determinism_(np1|np3|rank_counts_np4)|^vpce_example_train_lm_np4$'
+mpich_skip+='|^vpce_math_x86-64-v[34]$'  # as under the sanitizers: 51 s at -O0 of what the MPI cannot change
 
 run_config() {  # name
   local name=$1
