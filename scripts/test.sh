@@ -17,9 +17,10 @@
 #   cuda     setup.sh's VPCE_CUDA=1: the whole tree (library, LinearCrossEntropy, tests, tool,          build-cuda/
 #            examples, benchmark) compiled for CUDA by NVIDIA's nvcc 13 from PyPI against Kokkos 3.4.01
 #            built for CUDA (sm_80), Debug; any compiler warning fails it. Nothing runs: no GPU here.
-#   Neither asan nor mpich builds the Python package (setup.sh) or the benchmark (vpce_perf), nor runs
-#   clang-tidy, the vectorisation check (vpce_vectorized), the fuzzer or the >2^31-logit test; cuda compiles all
-#   but the Python package. VPCE_TEST_FULL=1 runs every test in every configuration.
+#   Neither asan nor mpich builds the Python package (setup.sh), the benchmark (vpce_perf) or the math at
+#   named x86-64 levels (vpce_math_x86-64-v3/v4), nor runs clang-tidy, the vectorisation check
+#   (vpce_vectorized), the fuzzer or the >2^31-logit test; asan builds no determinism test; cuda compiles all
+#   but the Python package. VPCE_TEST_FULL=1 builds and runs every test in every configuration.
 #
 # Usage: scripts/test.sh [--config NAME]... [extra ctest arguments, passed to every configuration]
 #   --config NAME   run only these configurations (repeatable; NAME: default, asan, mpich, cuda, all). The
@@ -53,10 +54,9 @@ extra_cmake_args="${VPCE_CMAKE_ARGS:--DVPCE_ENABLE_NATIVE=ON} -DVPCE_ENABLE_BENC
 not_extra='^vpce_(clang_tidy|vectorized|tool_fuzz|large_np1)$'
 # Under the sanitizers the unit tests run at 2 and 3 ranks (and Serial at 3), the tool's loss tests at 1 rank:
 # the other rank counts mostly repeat those code paths (left out to hold CI near 25 minutes on 2 cores). Nor
-# the install test (CMake packaging) and test_math at the named x86-64 levels (the unit tests run its source
-# at the build's own ISA): 70 s under the sanitizers for nothing they would find.
-asan_skip="$not_extra|^vpce_unit_np[14]\$|^vpce_determinism_|^vpce_example_train_lm_np4\$"
-asan_skip+='|^vpce_install_test$|^vpce_math_x86-64-v[34]$'
+# the install test (CMake packaging): nothing the sanitizers would find. (The determinism tests and the math
+# at named x86-64 levels are not built there: asan_cmake_args below.)
+asan_skip="$not_extra|^vpce_unit_np[14]\$|^vpce_example_train_lm_np4\$|^vpce_install_test\$"
 asan_skip+='|^vpce_tool_(loss_np[23]|options_np[23]|errors_np[23]|commands_np3|linear_np[23]|faults_np3)$'
 # MPICH: no runs of 3-4 ranks on the CI's 2 cores where they take minutes (MPICH busy-polls), no
 # single-rank determinism (nothing MPI in it), and no killed-rank tests: MPICH's mpiexec SIGKILLs the
@@ -64,7 +64,12 @@ asan_skip+='|^vpce_tool_(loss_np[23]|options_np[23]|errors_np[23]|commands_np3|l
 # kill case inside vpce_tool_linear_np2): that guarantee holds under OpenMPI's mpiexec only.
 mpich_skip="$not_extra|^vpce_unit_(np[34]|serial_np3)\$|^vpce_tool_(options|errors|commands|linear)_np3\$"
 mpich_skip+='|^vpce_tool_faults_|^vpce_tool_linear_np2$|^vpce_determinism_(np1|np3|rank_counts_np4)|^vpce_example_train_lm_np4$'
-mpich_skip+='|^vpce_math_x86-64-v[34]$'  # as under the sanitizers: 51 s at -O0 of what the MPI cannot change
+# Nor are the tests that neither runs built there: determinism under the sanitizers (test_determinism.cpp
+# compiles in 53 s there), the math at named x86-64 levels in either (at -O0 they ran 51 s in MPICH's, and the
+# MPI cannot change them).
+asan_cmake_args="$extra_cmake_args -DVPCE_ENABLE_DETERMINISM_TESTS=OFF -DVPCE_ENABLE_ISA_TESTS=OFF"
+mpich_cmake_args="$extra_cmake_args -DVPCE_ENABLE_ISA_TESTS=OFF"
+if [ "${VPCE_TEST_FULL:-0}" = 1 ]; then asan_cmake_args=$extra_cmake_args mpich_cmake_args=$extra_cmake_args; fi
 
 run_config() {  # name
   local name=$1
@@ -76,10 +81,10 @@ run_config() {  # name
     case "$name" in
       default) export VPCE_MPI=openmpi VPCE_SANITIZE=0 VPCE_CUDA=0 VPCE_BUILD=$base_build ;;
       asan)
-        export VPCE_MPI=openmpi VPCE_SANITIZE=1 VPCE_CUDA=0 VPCE_BUILD=$base_build-asan VPCE_CMAKE_ARGS=$extra_cmake_args
+        export VPCE_MPI=openmpi VPCE_SANITIZE=1 VPCE_CUDA=0 VPCE_BUILD=$base_build-asan VPCE_CMAKE_ARGS=$asan_cmake_args
         skip=(-E "$asan_skip") ;;
       mpich)
-        export VPCE_MPI=mpich VPCE_SANITIZE=0 VPCE_CUDA=0 VPCE_BUILD=$base_build-mpich VPCE_CMAKE_ARGS=$extra_cmake_args
+        export VPCE_MPI=mpich VPCE_SANITIZE=0 VPCE_CUDA=0 VPCE_BUILD=$base_build-mpich VPCE_CMAKE_ARGS=$mpich_cmake_args
         export VPCE_BUILD_TYPE=${VPCE_BUILD_TYPE:-Debug}
         skip=(-E "$mpich_skip") ;;
       cuda)
