@@ -57,12 +57,18 @@ vpce::impl::Records<T, Host> records(const Stats<std::remove_const_t<T>>* r) {
 template <class T>
 using ChunkMax = Kokkos::View<T**, Kokkos::LayoutRight, Host>;
 
-// Statistics of one row: max and exp-and-sum loops, with the exps stored into y when y is set (G == T).
-template <class S, class T, bool Capped>
+// Statistics of one row: max and exp-and-sum loops, with the exps stored into y when y is set (G == T). With
+// `Folded`, label smoothing's form that sums x in the exps' pass (LocalStats::row_folded, called out of line by
+// row(): its loops are checked here, inlined).
+template <class S, class T, bool Capped, bool Folded = false>
 void stats(const S* x, const std::int64_t* targets, Stats<T>* out, T* y, T* chunk_max) {
   const vpce::impl::LocalStats<S, T, Host, Capped> f(args<S, T>(x, targets), records<T>(out),
                                                      RowPtr<T>{y, width, 0}, ChunkMax<T>(chunk_max, 1, 2));
-  f.row(HostInner{}, 0);
+  if constexpr (Folded) {
+    f.template row_as<true>(HostInner{}, 0, vpce::impl::NoPace{});
+  } else {
+    f.row(HostInner{}, 0);
+  }
 }
 
 // Loss and gradient (or stash) of one row, from the logits or from stored exps; with `Stream`, written
@@ -119,6 +125,12 @@ void from_stash(const T* q, const std::int64_t* targets, const T* stash_target, 
   VPCE_PROBE void vpce_probe_stats_softcap_##NAME(const S* x, const std::int64_t* t, Stats<T>* o, T* cm) {         \
     stats<S, T, true>(x, t, o, nullptr, cm);                                                                       \
   }                                                                                                                \
+  VPCE_PROBE void vpce_probe_stats_folded_##NAME(const S* x, const std::int64_t* t, Stats<T>* o, T* cm) {          \
+    stats<S, T, false, true>(x, t, o, nullptr, cm);                                                                \
+  }                                                                                                                \
+  VPCE_PROBE void vpce_probe_stats_folded_softcap_##NAME(const S* x, const std::int64_t* t, Stats<T>* o, T* cm) {  \
+    stats<S, T, true, true>(x, t, o, nullptr, cm);                                                                 \
+  }                                                                                                                \
   VPCE_PROBE void vpce_probe_grad_##NAME(const S* x, const std::int64_t* t, const Stats<T>* s, T* l, T* e, G* y,   \
                                          const T* cm, T* st) {                                                     \
     finalize<S, T, G, Write::grad, Source::logits, false>(x, t, s, l, e, y, cm, st, nullptr);                      \
@@ -127,7 +139,9 @@ void from_stash(const T* q, const std::int64_t* targets, const T* stash_target, 
                                                  G* y, const T* cm, T* st) {                                       \
     finalize<S, T, G, Write::grad, Source::logits, true>(x, t, s, l, e, y, cm, st, nullptr);                       \
   }                                                                                                                \
-  VPCE_PROBE void vpce_probe_prob_sums_##NAME(const S* x, const S* q, Stats<T>* o) { prob_sums<S, T, false>(x, q, o); } \
+  VPCE_PROBE void vpce_probe_prob_sums_##NAME(const S* x, const S* q, Stats<T>* o) {                               \
+    prob_sums<S, T, false>(x, q, o);                                                                               \
+  }                                                                                                                \
   VPCE_PROBE void vpce_probe_seed_##NAME(const S* x, const std::int64_t* t, T* o) { seed<S, T, false>(x, t, o); }  \
   VPCE_PROBE void vpce_probe_seed_softcap_##NAME(const S* x, const std::int64_t* t, T* o) {                        \
     seed<S, T, true>(x, t, o);                                                                                     \
@@ -150,13 +164,16 @@ void from_stash(const T* q, const std::int64_t* targets, const T* stash_target, 
 // The fused strategy's stored exps (statistics storing them in a scratch of T, finalize rescaling them) for
 // every storage type, and the stash (full precision only). Where S is T, the statistics' probe also compiles
 // the loops that store the exps over the logits (in place): y == x is decided at run time.
-#define VPCE_PROBES_STORED(NAME, S, T, G)                                                                         \
-  VPCE_PROBE void vpce_probe_stats_store_##NAME(const S* x, const std::int64_t* t, Stats<T>* o, T* y, T* cm) {    \
-    stats<S, T, false>(x, t, o, y, cm);                                                                           \
-  }                                                                                                               \
-  VPCE_PROBE void vpce_probe_grad_stored_##NAME(const S* x, const std::int64_t* t, const Stats<T>* s, T* l, T* e, \
-                                                G* y, const T* cm, T* st, const T* ex) {                          \
-    finalize<S, T, G, Write::grad, Source::stored_exp, false>(x, t, s, l, e, y, cm, st, ex);                      \
+#define VPCE_PROBES_STORED(NAME, S, T, G)                                                                             \
+  VPCE_PROBE void vpce_probe_stats_store_##NAME(const S* x, const std::int64_t* t, Stats<T>* o, T* y, T* cm) {        \
+    stats<S, T, false>(x, t, o, y, cm);                                                                               \
+  }                                                                                                                   \
+  VPCE_PROBE void vpce_probe_stats_folded_store_##NAME(const S* x, const std::int64_t* t, Stats<T>* o, T* y, T* cm) { \
+    stats<S, T, false, true>(x, t, o, y, cm);                                                                         \
+  }                                                                                                                   \
+  VPCE_PROBE void vpce_probe_grad_stored_##NAME(const S* x, const std::int64_t* t, const Stats<T>* s, T* l, T* e,     \
+                                                G* y, const T* cm, T* st, const T* ex) {                              \
+    finalize<S, T, G, Write::grad, Source::stored_exp, false>(x, t, s, l, e, y, cm, st, ex);                          \
   }
 #define VPCE_PROBES_STASH(NAME, T)                                                                                \
   VPCE_PROBE void vpce_probe_stash_##NAME(const T* x, const std::int64_t* t, const Stats<T>* s, T* l, T* e, T* y, \
