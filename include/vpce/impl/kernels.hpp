@@ -625,11 +625,9 @@ struct HostInner {
     if constexpr (!folded) {
       const Ahead<H> sum_ahead = is_widened_v<ZC> ? Ahead<H>{} : ahd;
       if (sum_x && weights != nullptr) {
-        st.sx += sum<T>(
-            len, [wc, x, zc](std::int64_t j) { return wc[j] * x(zc(j)); }, sum_ahead);
+        st.sx += sum<T>(len, [wc, x, zc](std::int64_t j) { return wc[j] * x(zc(j)); }, sum_ahead);
       } else if (sum_x) {
-        st.sx += sum<T>(
-            len, [x, zc](std::int64_t j) { return x(zc(j)); }, sum_ahead);
+        st.sx += sum<T>(len, [x, zc](std::int64_t j) { return x(zc(j)); }, sum_ahead);
       }
     }
     if (st.m != neg_inf<T>()) {
@@ -651,8 +649,8 @@ struct HostInner {
       const double e = double(fast_exp(st.m - m_new));
       if constexpr (entropy) st.acc_h = (st.acc_h + double(st.m - m_new) * st.acc) * e;
       st.acc *= e;
-      const Terms<T, entropy ? 2 : 1> sa = again < entropy ? 2 : 1, OverLogits, Lanes,
-                                      A > (len, zc, x, yc, st.m, m_new - st.m);
+      constexpr int Ka = entropy ? 2 : 1;  // the sum of x, folded, was taken in the first pass
+      const Terms<T, Ka> sa = again<Ka, OverLogits, Lanes, A>(len, zc, x, yc, st.m, m_new - st.m);
       st.acc += double(sa.v[0]);
       if constexpr (entropy) st.acc_h += double(sa.v[1]);
       st.m = m_new;
