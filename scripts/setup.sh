@@ -12,7 +12,8 @@
 #   VPCE_SANITIZE   1: AddressSanitizer + LeakSanitizer + UndefinedBehaviorSanitizer build (GCC, -O0 -g, Debug;
 #                   every UBSan error is fatal: -fno-sanitize-recover=all); sourcing this exports the
 #                   ASAN/LSAN/UBSAN_OPTIONS the tests run with (a report exits with status 86; what the MPI
-#                   runtime keeps until exit is suppressed by scripts/lsan.supp, never vpce's own leaks)
+#                   runtime keeps until exit is suppressed by scripts/lsan.supp, never vpce's own leaks) and
+#                   LD_PRELOAD (scripts/keep_modules.c: no shared object unloaded, for LeakSanitizer's speed)
 #   VPCE_CUDA       1: a CUDA build, compiled and never run (this machine needs no GPU): NVIDIA's CUDA 13 compiler
 #                   from PyPI's wheels (pinned, in a virtual environment in the cache), Kokkos 3.4.01 + Kokkos
 #                   Kernels from the same Debian source built for CUDA (Kokkos_ARCH_AMPERE80, CUDA + Serial; four
@@ -294,4 +295,10 @@ if [ "$VPCE_SANITIZE" = 1 ]; then
   # install test's consumer) gets the same flags.
   export CXXFLAGS="$VPCE_SANITIZE_FLAGS" CFLAGS="$VPCE_SANITIZE_FLAGS" FFLAGS="$VPCE_SANITIZE_FLAGS"
   export LDFLAGS="$VPCE_SANITIZE_LDFLAGS"
+  # The tests keep every shared object loaded to the end (scripts/keep_modules.c: OpenMPI's components
+  # unloaded at MPI_Finalize cost LeakSanitizer 1 s per program). Preloaded before ASan's runtime, which
+  # would refuse that order unless told (verify_asan_link_order=0).
+  gcc -O2 -shared -fPIC -o "$VPCE_BUILD/keep_modules.so" "$VPCE_SRC/scripts/keep_modules.c"
+  export LD_PRELOAD="$VPCE_BUILD/keep_modules.so${LD_PRELOAD:+:$LD_PRELOAD}"
+  export ASAN_OPTIONS=verify_asan_link_order=0:$ASAN_OPTIONS
 fi
