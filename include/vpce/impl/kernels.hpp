@@ -410,8 +410,9 @@ struct HostInner {
     for (std::int64_t j = 0; j < n; ++j) f(j);
   }
   /// line[l] = G(v(j + l)) for the columns of a 64-byte line of G (v gives G's compute type). A 16-bit G is
-  /// rounded by the CPU's conversion instructions where the build has them (round_line_hw, stream.hpp), with
-  /// the same bits as G(float).
+  /// rounded by the CPU's conversion instructions where the build has them, bfloat16 without them by its
+  /// integer steps in AVX2's or AVX-512's instructions (round_line_hw, stream.hpp), with the same bits as
+  /// G(float).
   template <class G, class F>
   KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN static void round_line(G* line, const F& v, std::int64_t j) {
     constexpr std::int64_t lanes = 64 / std::int64_t(sizeof(G));

@@ -34,6 +34,13 @@
 #else
 #define VPCE_HW_ROUND_FLOAT16 0
 #endif
+// Without AVX512-BF16, bfloat16's rounding in AVX2's (AVX-512's) integer instructions (round_line_hw).
+#if VPCE_HAVE_STREAMING_STORES && !VPCE_HW_ROUND_BFLOAT16 && defined(__AVX2__) && \
+    (!defined(__AVX512F__) || (defined(__AVX512BW__) && defined(__AVX512VL__)))
+#define VPCE_INT_ROUND_BFLOAT16 1
+#else
+#define VPCE_INT_ROUND_BFLOAT16 0
+#endif
 // Lines of 16-bit values rounded and written whole (round_line_hw) where the kernels are compiled for AVX-512
 // with -mprefer-vector-width=512 (the build then defines VPCE_PREFER_VECTOR_WIDTH=512 for vpce's own translation
 // units): a line's 32 floats are then formed in two 512-bit registers, so that they can be read as two.
@@ -109,13 +116,45 @@ KOKKOS_INLINE_FUNCTION void stream_copy(void* dst, const void* src, std::size_t 
 
 /// Whether round_line_hw has instructions for G on this build.
 template <class G>
-inline constexpr bool have_round_line_hw = (std::is_same_v<G, bfloat16> && VPCE_HW_ROUND_BFLOAT16 != 0) ||
+inline constexpr bool have_round_line_hw = (std::is_same_v<G, bfloat16> &&
+                                            (VPCE_HW_ROUND_BFLOAT16 != 0 || VPCE_INT_ROUND_BFLOAT16 != 0)) ||
                                            (std::is_same_v<G, float16> && VPCE_HW_ROUND_FLOAT16 != 0);
 
 /// Whether round_line_hw forms a line of G in ONE 512-bit register on this build (stream_line<true> may then
 /// write it): with VPCE_WHOLE_16BIT_LINES.
 template <class G>
 inline constexpr bool round_line_whole = (have_round_line_hw<G> && VPCE_WHOLE_16BIT_LINES != 0);
+
+#if VPCE_INT_ROUND_BFLOAT16
+/// bfloat16(float)'s steps on a vector of floats, each result in the low half of its 32-bit lane: (u + 0x7fff +
+/// lsb) >> 16 (round to nearest even), a NaN's top half with its quiet bit set. 7-8 instructions with 3
+/// constants, where GCC's vectorised bfloat16(float) took ~17 with 6 constants (it narrows the NaN test's mask
+/// to 16 bits and selects there), and, on AVX2's 16 registers beside the exp's, sent the constants of both to
+/// the stack (perf_tests/NOTES.md, issue 12, twenty-ninth round).
+KOKKOS_FORCEINLINE_FUNCTION __m256i round_bfloat16_int(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i top = _mm256_srli_epi32(u, 16);
+  const __m256i lsb = _mm256_and_si256(top, _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+  const __m256i quiet = _mm256_or_si256(top, _mm256_set1_epi32(0x40));
+#if defined(__AVX512VL__)
+  // vpblendvb takes only the first 16 vector registers; a mask register, any of 32
+  return _mm256_mask_blend_epi32(_mm256_cmp_ps_mask(v, v, _CMP_UNORD_Q), rounded, quiet);
+#else
+  return _mm256_blendv_epi8(rounded, quiet, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+#endif
+}
+#if defined(__AVX512BW__)
+KOKKOS_FORCEINLINE_FUNCTION __m512i round_bfloat16_int(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i top = _mm512_srli_epi32(u, 16);
+  const __m512i lsb = _mm512_and_si512(top, _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  const __m512i quiet = _mm512_or_si512(top, _mm512_set1_epi32(0x40));
+  return _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), rounded, quiet);
+}
+#endif
+#endif
 
 /// line[l] = G(f[l]) for the 32 floats of a line of 16-bit G, by the CPU's conversion instructions where the
 /// compiler targets them: AVX512-BF16's vcvtne2ps2bf16 for bfloat16 (AVX-512 CPUs since Cooper Lake and
@@ -124,11 +163,13 @@ inline constexpr bool round_line_whole = (have_round_line_hw<G> && VPCE_WHOLE_16
 /// flushes subnormal floats to zero, vcvtps2ph keeps a NaN's payload (float16(float) gives 0x7e00). A line
 /// holding such a value is left to the caller: false (always where the build has no such instruction), and
 /// the caller rounds it in software. So the bits never depend on the ISA (test_math checks every 61st float).
-/// In software the rounding is ~10 (bfloat16) to ~20 (float16) integer operations per vector.
+/// In software the rounding is ~10 (bfloat16) to ~20 (float16) integer operations per vector. Without
+/// AVX512-BF16, bfloat16(float)'s integer steps written in AVX2's or AVX-512's instructions (round_bfloat16_int):
+/// the same bits for every float, every line rounded here.
 template <class G>
 KOKKOS_FORCEINLINE_FUNCTION bool round_line_hw(G* line, const float* f) {
   static_assert(is_16bit_v<G>, "a 16-bit type");
-#if VPCE_WHOLE_16BIT_LINES && (VPCE_HW_ROUND_BFLOAT16 || VPCE_HW_ROUND_FLOAT16)
+#if VPCE_WHOLE_16BIT_LINES && (VPCE_HW_ROUND_BFLOAT16 || VPCE_HW_ROUND_FLOAT16 || VPCE_INT_ROUND_BFLOAT16)
   // f in two 512-bit registers (VPCE_WHOLE_16BIT_LINES), the line formed in one and stored by one 512-bit store:
   // a third of the instructions of the 256-bit form below, which split the registers into halves and passed
   // the line through the stack (bfloat16 `loss_and_grad` -8 to -9%, backward -20%, on an AMD EPYC Zen 5:
@@ -140,6 +181,12 @@ KOKKOS_FORCEINLINE_FUNCTION bool round_line_hw(G* line, const float* f) {
     if constexpr (std::is_same_v<G, bfloat16>) {
       if ((_mm512_fpclass_ps_mask(lo, 0x20) | _mm512_fpclass_ps_mask(hi, 0x20)) != 0) return false;  // subnormal
       out = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+    }
+#elif VPCE_INT_ROUND_BFLOAT16
+    if constexpr (std::is_same_v<G, bfloat16>) {
+      // vpackusdw packs within 128-bit lanes (lo 0-3, hi 0-3, lo 4-7, ...); vpermq puts the quadwords in order
+      const __m512i packed = _mm512_packus_epi32(round_bfloat16_int(lo), round_bfloat16_int(hi));
+      out = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), packed);
     }
 #endif
 #if VPCE_HW_ROUND_FLOAT16
@@ -154,7 +201,7 @@ KOKKOS_FORCEINLINE_FUNCTION bool round_line_hw(G* line, const float* f) {
     _mm512_storeu_si512(line, out);
     return true;
   }
-#elif VPCE_HW_ROUND_BFLOAT16 || VPCE_HW_ROUND_FLOAT16
+#elif VPCE_HW_ROUND_BFLOAT16 || VPCE_HW_ROUND_FLOAT16 || VPCE_INT_ROUND_BFLOAT16
   // f is read in 256-bit pieces, the width GCC stores it in (see stream_line), also with AVX-512.
   if constexpr (have_round_line_hw<G>) {
     __m256 v[4];
@@ -176,6 +223,14 @@ KOKKOS_FORCEINLINE_FUNCTION bool round_line_hw(G* line, const float* f) {
       for (std::ptrdiff_t k = 0; k < 2; ++k) {
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(line) + k,
                             reinterpret_cast<__m256i>(_mm256_cvtne2ps_pbh(v[2 * k + 1], v[2 * k])));
+      }
+    }
+#elif VPCE_INT_ROUND_BFLOAT16
+    if constexpr (std::is_same_v<G, bfloat16>) {
+      for (std::ptrdiff_t k = 0; k < 2; ++k) {
+        // vpackusdw packs within 128-bit lanes (a 0-3, b 0-3, a 4-7, b 4-7); vpermq puts them in order
+        const __m256i packed = _mm256_packus_epi32(round_bfloat16_int(v[2 * k]), round_bfloat16_int(v[2 * k + 1]));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(line) + k, _mm256_permute4x64_epi64(packed, 0xd8));
       }
     }
 #endif
