@@ -18,7 +18,7 @@
 #            examples, benchmark) compiled for CUDA by NVIDIA's nvcc 13 from PyPI against Kokkos 3.4.01
 #            built for CUDA (sm_80), Debug; any compiler warning fails it. Nothing runs: no GPU here.
 #   Neither asan nor mpich builds the Python package (setup.sh), the benchmark (vpce_perf) or the math at
-#   named x86-64 levels (vpce_math_x86-64-v3/v4), nor runs clang-tidy, the vectorisation check
+#   named x86-64 levels (vpce_math_x86-64-v3/v4/v4_256), nor runs clang-tidy, the vectorisation check
 #   (vpce_vectorized), the fuzzer or the >2^31-logit test; asan builds no determinism test; cuda compiles all
 #   but the Python package. VPCE_TEST_FULL=1 builds and runs every test in every configuration.
 #
