@@ -126,32 +126,35 @@ template <class G>
 inline constexpr bool round_line_whole = (have_round_line_hw<G> && VPCE_WHOLE_16BIT_LINES != 0);
 
 #if VPCE_INT_ROUND_BFLOAT16
-/// bfloat16(float)'s steps on a vector of floats, each result in the low half of its 32-bit lane: (u + 0x7fff +
-/// lsb) >> 16 (round to nearest even), a NaN's top half with its quiet bit set. 7-8 instructions with 3
-/// constants, where GCC's vectorised bfloat16(float) took ~17 with 6 constants (it narrows the NaN test's mask
-/// to 16 bits and selects there), and, on AVX2's 16 registers beside the exp's, sent the constants of both to
-/// the stack (perf_tests/NOTES.md, issue 12, twenty-ninth round).
+/// bfloat16(float)'s steps on a vector of floats' bits u (GCC's vector extensions, any width), each result in
+/// the low half of its 32-bit lane: (u + 0x7fff + lsb) >> 16 (round to nearest even), and in `quiet` a NaN's top
+/// half with its quiet bit set; round_bfloat16_int chooses between them. 7-8 instructions with 3 constants,
+/// where GCC's vectorised bfloat16(float) took ~17 with 6 constants (it narrows the NaN test's mask to 16 bits
+/// and selects there), and, on AVX2's 16 registers beside the exp's, sent the constants of both to the stack
+/// (perf_tests/NOTES.md, issue 12, twenty-ninth round).
+template <class U>
+KOKKOS_FORCEINLINE_FUNCTION U round_bfloat16_steps(U u, U& quiet) {
+  const U top = u >> 16;
+  quiet = top | 0x40u;
+  return (u + 0x7fffu + (top & 1u)) >> 16;
+}
 KOKKOS_FORCEINLINE_FUNCTION __m256i round_bfloat16_int(__m256 v) {
-  const __m256i u = _mm256_castps_si256(v);
-  const __m256i top = _mm256_srli_epi32(u, 16);
-  const __m256i lsb = _mm256_and_si256(top, _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
-  const __m256i quiet = _mm256_or_si256(top, _mm256_set1_epi32(0x40));
+  using U = unsigned __attribute__((vector_size(32)));
+  U quiet;
+  const __m256i rounded = __m256i(round_bfloat16_steps(U(_mm256_castps_si256(v)), quiet));
 #if defined(__AVX512VL__)
   // vpblendvb takes only the first 16 vector registers; a mask register, any of 32
-  return _mm256_mask_blend_epi32(_mm256_cmp_ps_mask(v, v, _CMP_UNORD_Q), rounded, quiet);
+  return _mm256_mask_blend_epi32(_mm256_cmp_ps_mask(v, v, _CMP_UNORD_Q), rounded, __m256i(quiet));
 #else
-  return _mm256_blendv_epi8(rounded, quiet, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+  return _mm256_blendv_epi8(rounded, __m256i(quiet), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
 #endif
 }
 #if defined(__AVX512BW__)
 KOKKOS_FORCEINLINE_FUNCTION __m512i round_bfloat16_int(__m512 v) {
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i top = _mm512_srli_epi32(u, 16);
-  const __m512i lsb = _mm512_and_si512(top, _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
-  const __m512i quiet = _mm512_or_si512(top, _mm512_set1_epi32(0x40));
-  return _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), rounded, quiet);
+  using U = unsigned __attribute__((vector_size(64)));
+  U quiet;
+  const __m512i rounded = __m512i(round_bfloat16_steps(U(_mm512_castps_si512(v)), quiet));
+  return _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), rounded, __m512i(quiet));
 }
 #endif
 #endif
