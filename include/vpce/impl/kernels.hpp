@@ -11,8 +11,6 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <type_traits>
-#include <utility>
 
 #include "vpce/half.hpp"
 #include "vpce/impl/call.hpp"
@@ -73,20 +71,6 @@ inline constexpr int sum_lanes = sizeof(S) == 2 ? 32 : 16;
 /// polynomial, whose error is far below what its 8 or 11 bits carry.
 template <class S>
 inline constexpr ExpAccuracy exp_accuracy = sizeof(S) == 2 ? ExpAccuracy::input16 : ExpAccuracy::full;
-
-/// How many of the lanes of the host's sums (HostInner::chunked_sums) one pass over a chunk holds: its sums and
-/// maxima must stay in vector registers beside the exp's constants and temporaries. AVX-512 and NEON have 32
-/// registers, 4 of 16 or 4 floats each: every lane in one pass; x86 without AVX-512 has 16 registers: 16 lanes
-/// (2 of AVX2's ymm each for the sums and the maxima; 32 lanes took 8 accumulators through the stack at every
-/// step), SSE 8. Each lane adds the same terms in the same order whatever the passes, so the bits do not depend
-/// on it.
-#if defined(__AVX512F__) || defined(__aarch64__) || !defined(__SSE2__)
-inline constexpr std::int64_t pass_lanes = 32;
-#elif defined(__AVX__)
-inline constexpr std::int64_t pass_lanes = 16;
-#else
-inline constexpr std::int64_t pass_lanes = 8;
-#endif
 
 /// Columns per chunk of the host's one-pass statistics: 16 KiB of floats, so the chunk is still in L1 for
 /// its exp loop. (512 columns measured slower: per-chunk reductions; a whole row no faster.)
@@ -287,10 +271,9 @@ struct HostInner {
     constexpr std::int64_t lanes = Lanes;
     return chunked_sums<T, K, lanes>(
         n, max, ahead, pace,
-        [&](std::int64_t j, T(&part)[K][lanes], T(&mx)[lanes], auto pass) {
-          constexpr std::int64_t group = group_lanes(lanes), l0 = decltype(pass)::value * group;
+        [&](std::int64_t j, T(&part)[K][lanes], T(&mx)[lanes]) {
           if constexpr (exps_in_lanes_v<F>) {
-            static_assert(lanes == 16 && group == 16, "16 exps at a time");
+            static_assert(lanes == 16, "16 exps at a time");
             T u[16], e[16];
             VPCE_SIMD
             for (std::int64_t l = 0; l < 16; ++l) {
@@ -307,7 +290,7 @@ struct HostInner {
             }
           } else {
             VPCE_SIMD
-            for (std::int64_t l = l0; l < l0 + group; ++l) {
+            for (std::int64_t l = 0; l < lanes; ++l) {
               const T v = g(j + l);
               const Terms<T, K> e = f(j + l);
               part[0][l] += e.v[0];  // no loop over k here: GCC does not vectorise the l loop around one
@@ -330,10 +313,9 @@ struct HostInner {
     constexpr std::int64_t lanes = 32, half = lanes / 2;
     return chunked_sums<T, K, lanes>(
         n, max, ahead, pace,
-        [&](std::int64_t j, T(&part)[K][lanes], T(&mx)[lanes], auto pass) {
-          constexpr std::int64_t group = group_lanes(lanes) / 2, l0 = decltype(pass)::value * group;  // in pairs
+        [&](std::int64_t j, T(&part)[K][lanes], T(&mx)[lanes]) {
           VPCE_SIMD
-          for (std::int64_t l = l0; l < l0 + group; ++l) {
+          for (std::int64_t l = 0; l < half; ++l) {
             const auto v = z.pair(j + 2 * l);
             const Terms<T, K> a = f.at(j + 2 * l, v.a);
             const Terms<T, K> b = f.at(j + 2 * l + 1, v.b);
@@ -349,15 +331,11 @@ struct HostInner {
         },
         [&](std::int64_t j) { return z(j); }, [&](std::int64_t j, T v) { return f.at(j, v); });
   }
-  /// Lanes of sums and maxima that one pass of chunked_sums over a chunk holds (pass_lanes).
-  static constexpr std::int64_t group_lanes(std::int64_t lanes) { return pass_lanes < lanes ? pass_lanes : lanes; }
   /// The skeleton of sums_max and sums_max_pairs: chunks of 32 x lanes columns, the row prefetched `ahead` and
-  /// step(j, part, mx, pass) adding the terms and maxima of columns [j, j + lanes) that fall in the lanes of
-  /// `pass` (a std::integral_constant: group_lanes(lanes) lanes from pass * group_lanes(lanes), as the step
-  /// maps columns to lanes) into the chunk's partial sums and the lanes' maxima, every pass over the chunk in
-  /// turn (the first one prefetching); the partials added into lane totals in double after each chunk and pace
-  /// told; the last n % lanes columns a lane each, value(j) read before terms(j, value(j)) runs (terms may store
-  /// over what value reads).
+  /// step(j, part, mx) adding the terms and maxima of columns [j, j + lanes) into the chunk's partial sums and
+  /// the lanes' maxima, the partials added into lane totals in double after each chunk and pace told; the last
+  /// n % lanes columns a lane each, value(j) read before terms(j, value(j)) runs (terms may store over what
+  /// value reads).
   template <class T, int K, std::int64_t lanes, Hint H, class P, class Step, class Value, class TermsOf>
   KOKKOS_FORCEINLINE_FUNCTION static Terms<T, K> chunked_sums(std::int64_t n, T* max, const Ahead<H>& ahead,
                                                               const P& pace, const Step& step, const Value& value,
@@ -372,12 +350,10 @@ struct HostInner {
       const std::int64_t j1 = j0 + chunk < whole ? j0 + chunk : whole;
       T part[K][lanes] = {}, cmx[lanes];  // the chunk's maxima apart, so that GCC keeps them in registers
       for (std::int64_t l = 0; l < lanes; ++l) cmx[l] = neg_inf<T>();
-      each_pass(std::make_index_sequence<std::size_t(lanes / group_lanes(lanes))>{}, [&](auto pass) {
-        for (std::int64_t j = j0; j < j1; j += lanes) {
-          if constexpr (decltype(pass)::value == 0) ahead.at(j, lanes);
-          step(j, part, cmx, pass);
-        }
-      });
+      for (std::int64_t j = j0; j < j1; j += lanes) {
+        ahead.at(j, lanes);
+        step(j, part, cmx);
+      }
       VPCE_SIMD
       for (std::int64_t l = 0; l < lanes; ++l) mx[l] = cmx[l] > mx[l] ? cmx[l] : mx[l];
       for (int k = 0; k < K; ++k) {
@@ -398,11 +374,6 @@ struct HostInner {
       mx[l] = v > mx[l] ? v : mx[l];
     }
     return lane_totals<T, K, lanes>(total, rest, mx, max);
-  }
-  /// f(std::integral_constant<std::int64_t, Q>{}) for each Q in turn.
-  template <std::size_t... Q, class F>
-  KOKKOS_FORCEINLINE_FUNCTION static void each_pass(std::index_sequence<Q...>, const F& f) {
-    (f(std::integral_constant<std::int64_t, std::int64_t(Q)>{}), ...);
   }
   /// The end of sums_max: the lane totals and the last columns' terms added, *max from the lanes' maxima.
   /// More than 16 lanes are first folded into 16 (lane 16 g + l into lane l, in order of g), then the 16
