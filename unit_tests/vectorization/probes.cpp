@@ -111,8 +111,19 @@ void from_stash(const T* q, const std::int64_t* targets, const T* stash_target, 
 
 }  // namespace
 
-// flatten: the row kernels are inlined, so that the constant width reaches every inner loop.
+// flatten: the row kernels are inlined, so that the constant width reaches every inner loop. With
+// VPCE_PROBE_CLONES (the checker's `clones` target: no -march) each probe is compiled as the run-time
+// dispatched copies of the row loops are (kernels.hpp, VPCE_HOST_CLONES): for x86-64-v3 and x86-64-v4 in a
+// build whose own instruction set has neither, so without the loops' forms in intrinsics.
+#if defined(VPCE_PROBE_CLONES)
+#if !VPCE_HOST_CLONES
+#error "VPCE_PROBE_CLONES: this compiler and target make no run-time dispatched copies"
+#endif
+#define VPCE_PROBE \
+  extern "C" __attribute__((noinline, used, flatten, target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
+#else
 #define VPCE_PROBE extern "C" __attribute__((noinline, used, flatten))
+#endif
 
 // One probe per (storage type, softcap): S the logits' type, T the compute type, G the gradient's.
 #define VPCE_PROBES(NAME, S, T, G)                                                                                 \

@@ -42,6 +42,23 @@
 #define VPCE_NOINLINE
 #endif
 
+// An x86-64 build for no CPU in particular (no AVX2: neither -march nor VPCE_ENABLE_NATIVE) compiles the
+// host's row loops three times, for the baseline (SSE2), x86-64-v3 (AVX2, FMA, F16C) and x86-64-v4
+// (AVX-512), and the loader picks the copies the CPU runs (GCC's function multiversioning, an ifunc: one
+// indirect call per row): RowDriver's versions of its host call, and VPCE_ROW_CLONES on the functions the
+// rows call out of line. The copies take the compiler-vectorised forms of the loops (the forms written in
+// intrinsics follow the macros of the build's own -march): 2.7-4.4x faster than SSE2 on an AMD EPYC Zen 4
+// (perf_tests/NOTES.md, issue 12, thirty-first round).
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__INTEL_COMPILER) && !defined(__INTEL_LLVM_COMPILER) && \
+    __GNUC__ >= 12 && defined(__x86_64__) && defined(__ELF__) && !defined(__AVX2__) && !defined(__CUDACC__) &&   \
+    !defined(__HIPCC__) && !defined(__SYCL_DEVICE_ONLY__) && !defined(VPCE_NO_HOST_CLONES)
+#define VPCE_HOST_CLONES 1
+#define VPCE_ROW_CLONES __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4"), flatten))
+#else
+#define VPCE_HOST_CLONES 0
+#define VPCE_ROW_CLONES
+#endif
+
 namespace vpce::impl {
 
 // ---------------------------------------------------------------------------------------------------------
@@ -1058,7 +1075,19 @@ template <class ExecSpace, class Functor>
 struct RowDriver {
   Functor f;
   std::int64_t row0;
+#if VPCE_HOST_CLONES
+  // The three versions (VPCE_HOST_CLONES), those for AVX2 and AVX-512 with every call inlined into them: the
+  // row's loops take their instruction set only where inlined.
+  __attribute__((target("default"))) void operator()(std::int64_t i) const { f.row(HostInner{}, row0 + i); }
+  __attribute__((target("arch=x86-64-v3"), flatten)) void operator()(std::int64_t i) const {
+    f.row(HostInner{}, row0 + i);
+  }
+  __attribute__((target("arch=x86-64-v4"), flatten)) void operator()(std::int64_t i) const {
+    f.row(HostInner{}, row0 + i);
+  }
+#else
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const { f.row(HostInner{}, row0 + i); }
+#endif
   template <class Member>
   KOKKOS_INLINE_FUNCTION void operator()(const Member& member) const {
     f.row(TeamInner<Member>{member}, row0 + member.league_rank());
@@ -1268,9 +1297,8 @@ KOKKOS_INLINE_FUNCTION void row_probability_sums(const Inner& in, const KernelAr
 /// the statistics' row (LocalStats), it cost their loop 2% in calls without probability targets (fp32
 /// `loss_and_grad` in cache on a Zen 4).
 template <bool Capped, class S, class T, class MemSpace, class Inner>
-KOKKOS_FUNCTION VPCE_NOINLINE VPCE_FLATTEN void row_probability_sums_apart(const Inner& in,
-                                                                           const KernelArgs<S, T, MemSpace>& a,
-                                                                           std::int64_t i, T* t, T* qs, T* wq) {
+VPCE_ROW_CLONES KOKKOS_FUNCTION VPCE_NOINLINE VPCE_FLATTEN void row_probability_sums_apart(
+    const Inner& in, const KernelArgs<S, T, MemSpace>& a, std::int64_t i, T* t, T* qs, T* wq) {
   row_probability_sums<Capped>(in, a, i, t, qs, wq);
 }
 
@@ -1327,7 +1355,8 @@ class LocalStats {
   /// slower at 2 ranks x 1 thread). Not for logits widened chunk by chunk (float16 with F16C): their sum of x
   /// reads the widened chunk from L1 and costs little, and the branch to this call cost their other rows 3%.
   template <class Inner, class P>
-  KOKKOS_FUNCTION VPCE_NOINLINE VPCE_FLATTEN void row_folded(const Inner& in, std::int64_t i, const P& pace) const {
+  VPCE_ROW_CLONES KOKKOS_FUNCTION VPCE_NOINLINE VPCE_FLATTEN void row_folded(const Inner& in, std::int64_t i,
+                                                                             const P& pace) const {
     row_as<true>(in, i, pace);
   }
 
