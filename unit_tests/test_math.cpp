@@ -139,7 +139,10 @@ TEST(Math, ExpTableRelativeError) {
   };
   for (std::uint32_t b = 0x80000000u; b <= vpce::impl::as_bits(-86.98f); b += 61) check(b);
   for (std::uint32_t b = 0; b <= vpce::impl::as_bits(88.0f); b += 61) check(b);
-  EXPECT_LT(worst, 1.3e-7) << "at x = " << at;  // 1.15e-7 measured (every 7th float)
+  // 1.15e-7 measured (every 7th float) with its last step fused; 1.34e-7 (every 61st) where the build has no
+  // FMA (a build for no CPU in particular), which only this test runs: the library takes the table form on
+  // AVX-512 builds only (VPCE_EXP_TABLE), whose step is fused.
+  EXPECT_LT(worst, VPCE_HOST_FMA ? 1.3e-7 : 1.4e-7) << "at x = " << at;
   const float inf = std::numeric_limits<float>::infinity();
   EXPECT_EQ(exp_table_no_overflow(-inf), 0.0f);
   EXPECT_EQ(exp_table_no_overflow(0.0f), 1.0f);
