@@ -44,13 +44,14 @@
 
 // An x86-64 build for no CPU in particular (no AVX2: neither -march nor VPCE_ENABLE_NATIVE) compiles the
 // host's row loops three times, for the baseline (SSE2), x86-64-v3 (AVX2, FMA, F16C) and x86-64-v4
-// (AVX-512), and the loader picks the copies the CPU runs (GCC's function multiversioning, an ifunc: one
-// indirect call per row): RowDriver's versions of its host call, and VPCE_ROW_CLONES on the functions the
-// rows call out of line. The copies take the compiler-vectorised forms of the loops (the forms written in
-// intrinsics follow the macros of the build's own -march): 2.7-4.4x faster than SSE2 on an AMD EPYC Zen 4
-// (perf_tests/NOTES.md, issue 12, thirty-first round).
+// (AVX-512), and the loader picks the copies the CPU runs (GCC's function multiversioning, an ifunc that
+// glibc resolves: one indirect call per row; -DVPCE_NO_HOST_CLONES turns it off): RowDriver's versions of its
+// host call, and VPCE_ROW_CLONES on the functions the rows call out of line. The copies take the
+// compiler-vectorised forms of the loops (the forms written in intrinsics follow the macros of the build's
+// own -march): 2.7-4.4x faster than SSE2 on an AMD EPYC Zen 4 (perf_tests/NOTES.md, issue 12, thirty-first
+// round).
 #if defined(__GNUC__) && !defined(__clang__) && !defined(__INTEL_COMPILER) && !defined(__INTEL_LLVM_COMPILER) && \
-    __GNUC__ >= 12 && defined(__x86_64__) && defined(__ELF__) && !defined(__AVX2__) && !defined(__CUDACC__) &&   \
+    __GNUC__ >= 12 && defined(__x86_64__) && defined(__GLIBC__) && !defined(__AVX2__) && !defined(__CUDACC__) && \
     !defined(__HIPCC__) && !defined(__SYCL_DEVICE_ONLY__) && !defined(VPCE_NO_HOST_CLONES)
 #define VPCE_HOST_CLONES 1
 #define VPCE_ROW_CLONES __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4"), flatten))
