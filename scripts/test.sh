@@ -11,10 +11,11 @@
 #            (train_lm at 1 and 2); install test; GPU-aware path. Not: unit at 4 ranks, determinism, the
 #            tool's other rank counts.
 #   mpich    MPICH (setup.sh's VPCE_MPI=mpich; Debian's mpich, libmpich-dev, libhdf5-mpich-dev are     build-mpich/
-#            installed when missing), Debug, for no CPU in particular (no -march: the row loops' copies for
-#            AVX2 and AVX-512 picked at run time run here): unit tests at 1 and 2 ranks (their Math suite once); the
-#            tool's suites at 1 and 2 ranks and loss at 3 (not faults, nor linear at 2: they kill a rank,
-#            see below); examples (C at 3 ranks); install test; GPU-aware path; determinism at 2 ranks.
+#            installed when missing), Debug, for no CPU in particular (no -march: the row loops' copies
+#            for AVX2 and AVX-512 picked at run time run here): unit tests at 1 and 2 ranks (their Math
+#            suite once); the tool's suites at 1 and 2 ranks and loss at 3 (not faults, nor linear at 2:
+#            they kill a rank, see below); examples (C at 3 ranks); install test; GPU-aware path;
+#            determinism at 2 ranks.
 #   cuda     setup.sh's VPCE_CUDA=1: the whole tree (library, LinearCrossEntropy, tests, tool,          build-cuda/
 #            examples, benchmark) compiled for CUDA by NVIDIA's nvcc 13 from PyPI against Kokkos 3.4.01
 #            built for CUDA (sm_80), Debug; any compiler warning fails it. Nothing runs: no GPU here.
