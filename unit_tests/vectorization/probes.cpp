@@ -119,8 +119,7 @@ void from_stash(const T* q, const std::int64_t* targets, const T* stash_target, 
 #if !VPCE_HOST_CLONES
 #error "VPCE_PROBE_CLONES: this compiler and target make no run-time dispatched copies"
 #endif
-#define VPCE_PROBE \
-  extern "C" __attribute__((noinline, used, flatten, target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
+#define VPCE_PROBE extern "C" __attribute__((noinline, used, flatten, target_clones(VPCE_CLONE_TARGETS)))
 #else
 #define VPCE_PROBE extern "C" __attribute__((noinline, used, flatten))
 #endif

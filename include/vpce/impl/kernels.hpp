@@ -54,7 +54,8 @@
     __GNUC__ >= 12 && defined(__x86_64__) && defined(__GLIBC__) && !defined(__AVX2__) && !defined(__CUDACC__) && \
     !defined(__HIPCC__) && !defined(__SYCL_DEVICE_ONLY__) && !defined(VPCE_NO_HOST_CLONES)
 #define VPCE_HOST_CLONES 1
-#define VPCE_ROW_CLONES __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4"), flatten))
+#define VPCE_CLONE_TARGETS "default", "arch=x86-64-v3", "arch=x86-64-v4"  // RowDriver's versions name the same
+#define VPCE_ROW_CLONES __attribute__((target_clones(VPCE_CLONE_TARGETS), flatten))
 #else
 #define VPCE_HOST_CLONES 0
 #define VPCE_ROW_CLONES

@@ -130,7 +130,8 @@ inline constexpr float exp2_sixteenths[16] = {
 /// r^3/6 (9e-9 before rounding), the last step f + f q one fused multiply-add, so that 1 + q is never rounded.
 /// Three multiply-adds fewer than the degree-6 polynomial for one permute where the table sits in a register
 /// (exp_lanes16). Largest relative error 1.2e-7 (unit_tests/test_math.cpp; the polynomial's 1.0e-7): the
-/// entry's rounding and the result's (1.34e-7 without FMA, where only that test takes this form). For x <= 88 (n <= 127), -inf and NaN it is exp(x), 0 and NaN; below lo 0;
+/// entry's rounding and the result's (1.34e-7 without FMA, where only that test takes this form). For x <= 88
+/// (n <= 127), -inf and NaN it is exp(x), 0 and NaN; below lo 0;
 /// above 88 its result is unspecified (callers discard it, as fast_exp_no_overflow's above 89).
 KOKKOS_FORCEINLINE_FUNCTION float exp_table_no_overflow(float x) {
   constexpr float lo = -86.98f;
