@@ -11,9 +11,10 @@
 #            (train_lm at 1 and 2); install test; GPU-aware path. Not: unit at 4 ranks, determinism, the
 #            tool's other rank counts.
 #   mpich    MPICH (setup.sh's VPCE_MPI=mpich; Debian's mpich, libmpich-dev, libhdf5-mpich-dev are     build-mpich/
-#            installed when missing), Debug, for no CPU in particular (no -march: the row loops' copies
-#            for AVX2 and AVX-512 picked at run time run here): unit tests at 1 and 2 ranks (their Math
-#            suite once); the tool's suites at 1 and 2 ranks and loss at 3 (not faults, nor linear at 2:
+#            installed when missing), Debug, for no CPU in particular (no -march: the row loops' copy
+#            for the CPU's level picked at run time runs here): unit tests at 1 and 2 ranks (their Math
+#            suite once), and at 1 rank at each lower level (vpce_unit_copy_*); the tool's suites at 1
+#            and 2 ranks and loss at 3 (not faults, nor linear at 2:
 #            they kill a rank, see below); examples (C at 3 ranks); install test; GPU-aware path;
 #            determinism at 2 ranks.
 #   cuda     setup.sh's VPCE_CUDA=1: the whole tree (library, LinearCrossEntropy, tests, tool,          build-cuda/
@@ -70,8 +71,9 @@ mpich_skip+='|^vpce_tool_faults_|^vpce_tool_linear_np2$|^vpce_determinism_(np1|n
 # compiles in 53 s there), the math at named x86-64 levels in either (at -O0 they ran 51 s in MPICH's, and the
 # MPI cannot change them).
 asan_cmake_args="$extra_cmake_args -DVPCE_ENABLE_DETERMINISM_TESTS=OFF -DVPCE_ENABLE_ISA_TESTS=OFF"
-# MPICH's build is the one for no CPU in particular, so that the run-time dispatched copies of the row loops
-# (kernels.hpp, VPCE_HOST_CLONES) run their tests in CI (the vectorisation check reads their object code).
+# MPICH's build is the one for no CPU in particular, so that the copies of the row loops picked at run time
+# (impl/stream.hpp, VPCE_HOST_CLONES) run their tests in CI: the CPU's own, and the unit tests again at each lower
+# level (vpce_unit_copy_*; the vectorisation check reads their object code).
 mpich_cmake_args="${VPCE_CMAKE_ARGS:--DVPCE_ENABLE_NATIVE=OFF} -DVPCE_ENABLE_BENCHMARKS=OFF -DVPCE_ENABLE_ISA_TESTS=OFF"
 if [ "${VPCE_TEST_FULL:-0}" = 1 ]; then
   asan_cmake_args=$extra_cmake_args mpich_cmake_args="${mpich_cmake_args% -DVPCE_ENABLE_ISA_TESTS=OFF}"

@@ -235,24 +235,43 @@ TEST(Math, Float16AllPatterns) {
   }
 }
 
+// f(level) for each level of the host policy this build and CPU run (HostInner<L>): the build's own, and where
+// the build makes copies of the rows (VPCE_HOST_CLONES, impl/stream.hpp), those of them the CPU has, whose paths
+// in intrinsics are helpers of their own. level: a std::integral_constant of the Isa.
+template <class F>
+void for_each_level(const F& f) {
+  using vpce::impl::Isa;
+  f(std::integral_constant<Isa, Isa::build>{});
+#if VPCE_HOST_CLONES
+  if (__builtin_cpu_supports("x86-64-v3")) f(std::integral_constant<Isa, Isa::v3>{});
+  if (__builtin_cpu_supports("x86-64-v4")) f(std::integral_constant<Isa, Isa::v4>{});
+  if (__builtin_cpu_supports("x86-64-v4") && __builtin_cpu_supports("avx512bf16")) {
+    f(std::integral_constant<Isa, Isa::v4bf16>{});
+  }
+#endif
+}
+
 // float16 widened by the CPU's instructions where the build has them (widen16_hw: the chunks of float16 logits
 // in HostInner::online) has float(float16)'s bits for all 65536 patterns, from any alignment, but a signalling
-// NaN, which the instruction quiets.
+// NaN, which the instruction quiets; at every level (for_each_level).
 TEST(Math, Float16WidenedSameBitsAsScalar) {
-  alignas(64) vpce::float16 h[17];
-  float f[16];
-  for (std::uint32_t b0 = 0; b0 < 65536; b0 += 16) {
-    for (int skew = 0; skew < 2; ++skew) {
-      for (int l = 0; l < 16; ++l) h[skew + l].bits = static_cast<std::uint16_t>(b0 + l);
-      vpce::impl::widen16_hw(h + skew, f);
-      for (int l = 0; l < 16; ++l) {
-        const std::uint32_t want = vpce::impl::as_bits(static_cast<float>(h[skew + l]));
-        const bool signalling = (want & 0x7fc00000u) == 0x7f800000u && (want & 0x003fffffu) != 0;
-        const std::uint32_t quiet = vpce::impl::have_widen_hw<vpce::float16> && signalling ? 0x00400000u : 0u;
-        ASSERT_EQ(vpce::impl::as_bits(f[l]), want | quiet) << (b0 + l);
+  for_each_level([](auto level) {
+    constexpr vpce::impl::Isa L = decltype(level)::value;
+    alignas(64) vpce::float16 h[17];
+    float f[16];
+    for (std::uint32_t b0 = 0; b0 < 65536; b0 += 16) {
+      for (int skew = 0; skew < 2; ++skew) {
+        for (int l = 0; l < 16; ++l) h[skew + l].bits = static_cast<std::uint16_t>(b0 + l);
+        vpce::impl::widen16_hw<L>(h + skew, f);
+        for (int l = 0; l < 16; ++l) {
+          const std::uint32_t want = vpce::impl::as_bits(static_cast<float>(h[skew + l]));
+          const bool signalling = (want & 0x7fc00000u) == 0x7f800000u && (want & 0x003fffffu) != 0;
+          const std::uint32_t quiet = vpce::impl::have_widen_hw<vpce::float16, L> && signalling ? 0x00400000u : 0u;
+          ASSERT_EQ(vpce::impl::as_bits(f[l]), want | quiet) << (b0 + l) << " level " << int(L);
+        }
       }
     }
-  }
+  });
 }
 
 // The one-pass statistics of rows of float16 logits (HostInner::online_stats, the chunks widened to float where
@@ -272,7 +291,8 @@ struct ChunkMaxInto {
   float* cm;
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t c, float m) const { cm[c] = m; }
 };
-TEST(Math, Float16StatisticsWidenedSameBits) {
+template <vpce::impl::Isa L>
+void expect_widened_statistics_same_bits() {
   using vpce::impl::ExpAccuracy;
   std::mt19937 gen(11);
   std::normal_distribution<float> logit(0.0f, 4.0f);
@@ -290,21 +310,25 @@ TEST(Math, Float16StatisticsWidenedSameBits) {
       const std::size_t cols = static_cast<std::size_t>(n);
       std::vector<float> ea(cols), eb(cols), ca(8), cb(8);
       auto run = [&](const auto& z, std::vector<float>& e, std::vector<float>& cm) {
-        const vpce::impl::HostInner in;
-        return in.online_stats<float, vpce::impl::sum_lanes<vpce::float16>, ExpAccuracy::input16>(
+        const vpce::impl::HostInner<L> in;
+        return in.template online_stats<float, vpce::impl::sum_lanes<vpce::float16>, ExpAccuracy::input16>(
             n, z, HalfOf{}, sum_x, nullptr, entropy, stored ? e.data() : nullptr, false, ChunkMaxInto{cm.data()},
             vpce::impl::Ahead<vpce::impl::Hint::l2>::of(x.data()));
       };
       const auto a = run(vpce::impl::Logits<vpce::float16>{x.data() + 1}, ea, ca);
       const auto b = run(Float16InSoftware{{x.data() + 1}}, eb, cb);
-      for (const auto& [u, v] : {std::pair(a.m, b.m), std::pair(a.s, b.s), std::pair(a.zmax, b.zmax),
-                                 std::pair(a.sx, b.sx), std::pair(a.h, b.h)}) {
+      // an array, not a braced list in the loop: nvcc's front end rejects the latter in a template
+      const std::pair<float, float> values[] = {{a.m, b.m}, {a.s, b.s}, {a.zmax, b.zmax}, {a.sx, b.sx}, {a.h, b.h}};
+      for (const auto& [u, v] : values)
         ASSERT_EQ(vpce::impl::as_bits(u), vpce::impl::as_bits(v)) << n << " " << variant;
-      }
       for (std::size_t j = 0; j < ea.size(); ++j) ASSERT_EQ(vpce::impl::as_bits(ea[j]), vpce::impl::as_bits(eb[j])) << j;
       ASSERT_EQ(ca, cb);
     }
   }
+}
+
+TEST(Math, Float16StatisticsWidenedSameBits) {
+  for_each_level([](auto level) { expect_widened_statistics_same_bits<decltype(level)::value>(); });
 }
 
 // The values of a row written from float16 logits (HostInner::store of a WidenedExpValue: the backward from the
@@ -320,7 +344,7 @@ struct ColumnBySoftware {  // V's values column by column: no `widens`, float(fl
   const V& v;
   KOKKOS_INLINE_FUNCTION float operator()(std::int64_t j) const { return v(j); }
 };
-template <class G>
+template <vpce::impl::Isa L, class G>
 void expect_widened_values_same_bits() {
   using vpce::impl::ExpAccuracy;
   std::mt19937 gen(13);
@@ -330,7 +354,7 @@ void expect_widened_values_same_bits() {
   for (auto& v : x) v = vpce::float16(logit(gen));
   const HalfOf transform;
   const TestValue value;
-  const vpce::impl::HostInner in;
+  const vpce::impl::HostInner<L> in;
   for (int skew = 0; skew < 2; ++skew) {
     using V = vpce::impl::WidenedExpValue<float, ExpAccuracy::input16, vpce::float16, HalfOf, TestValue>;
     const V v{x.data() + skew, transform, 1.5f, value};
@@ -346,8 +370,10 @@ void expect_widened_values_same_bits() {
   }
 }
 TEST(Math, Float16ValuesWidenedSameBits) {
-  expect_widened_values_same_bits<float>();
-  expect_widened_values_same_bits<vpce::float16>();
+  for_each_level([](auto level) {
+    expect_widened_values_same_bits<decltype(level)::value, float>();
+    expect_widened_values_same_bits<decltype(level)::value, vpce::float16>();
+  });
 }
 
 // The gradient's lines of 16-bit values (HostInner::round_line: the CPU's conversion instructions where built
@@ -359,12 +385,12 @@ struct FromBits {
   const std::uint32_t* u;
   KOKKOS_INLINE_FUNCTION float operator()(std::int64_t l) const { return vpce::impl::from_bits(u[l]); }
 };
-template <class G>
+template <vpce::impl::Isa L, class G>
 void expect_lines_same_bits_as_scalar() {
   constexpr int lanes = 32;
   auto check = [](const std::uint32_t* u) {
     alignas(64) G line[lanes];
-    vpce::impl::HostInner::round_line(line, FromBits{u}, 0);
+    vpce::impl::HostInner<L>::round_line(line, FromBits{u}, 0);
     for (int l = 0; l < lanes; ++l) {
       const G want(vpce::impl::from_bits(u[l]));
       if (line[l].bits != want.bits) return ::testing::AssertionFailure() << std::hex << u[l];
@@ -387,7 +413,11 @@ void expect_lines_same_bits_as_scalar() {
     ASSERT_TRUE(check(u));
   }
 }
-TEST(Math, Bfloat16LinesSameBitsAsScalar) { expect_lines_same_bits_as_scalar<vpce::bfloat16>(); }
-TEST(Math, Float16LinesSameBitsAsScalar) { expect_lines_same_bits_as_scalar<vpce::float16>(); }
+TEST(Math, Bfloat16LinesSameBitsAsScalar) {
+  for_each_level([](auto level) { expect_lines_same_bits_as_scalar<decltype(level)::value, vpce::bfloat16>(); });
+}
+TEST(Math, Float16LinesSameBitsAsScalar) {
+  for_each_level([](auto level) { expect_lines_same_bits_as_scalar<decltype(level)::value, vpce::float16>(); });
+}
 
 }  // namespace

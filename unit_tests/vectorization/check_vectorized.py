@@ -15,10 +15,10 @@ disassembles it, and requires of every function of vpce's (the probes and what t
 With an aarch64 cross compiler (Debian's g++-aarch64-linux-gnu) the same for aarch64 (NEON, -march=armv8-a):
 no scalar s/d-register arithmetic in an innermost loop, packed .4s/.2d arithmetic somewhere.
 
-Target `clones`: the copies of the row loops that a build for no CPU in particular dispatches to at run time
-(kernels.hpp, VPCE_HOST_CLONES): probes.cpp compiled for the baseline x86-64 with each probe cloned for
-x86-64-v3 and x86-64-v4 (-DVPCE_PROBE_CLONES); the same two requirements of the v3 copies (ymm) and of the
-v4 copies (zmm), whose loops take the compiler-vectorised forms (no ISA macro is defined in them).
+Targets `x86-64-v3-copy`, `x86-64-v4-copy` and `x86-64-v4-bf16-copy`: the copies of the row loops that a build
+for no CPU in particular picks from at run time (impl/stream.hpp, VPCE_HOST_CLONES): probes.cpp compiled for the
+baseline x86-64 with each probe given the level's target and host policy (-DVPCE_PROBE_COPY=3, 4 or 5); the
+same two requirements as of a build for that level (ymm for v3, zmm for the two v4 copies).
 
 Not checked: the out-of-line functions of CHECKED_INLINED, whose loops a probe of their own checks inlined.
 
@@ -28,7 +28,7 @@ if-conversion twice and reports one of the two copies as missed, at either sourc
 names loops that were vectorised after all.
 
 Usage: check_vectorized.py --compile-commands FILE --kernel-tu FILE --probes FILE --workdir DIR
-                           [--targets x86-64-v2,x86-64-v3,x86-64-v4,clones] [--objdump objdump]
+                           [--targets x86-64-v2,x86-64-v3,x86-64-v4,x86-64-v3-copy,...] [--objdump objdump]
                            [--aarch64-cxx aarch64-linux-gnu-g++ --aarch64-objdump aarch64-linux-gnu-objdump]
 """
 import argparse
@@ -42,9 +42,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from compile_db import compile_command, without_source_and_output  # noqa: E402
 
 WIDTH = {"x86-64-v2": "xmm", "x86-64-v3": "ymm", "x86-64-v4": "zmm", "aarch64": "NEON .4s/.2d"}
-# The clones target's copies, by the suffix GCC gives a target_clones copy's name ("vpce_probe_x.arch_x86_64_v3",
-# demangled "... [clone .arch_x86_64_v3]").
-CLONE = re.compile(r"\.arch_(x86_64_v[34])\b")
+# The copies' targets: their width, and the level probes.cpp takes (VPCE_PROBE_COPY).
+COPY = {"x86-64-v3-copy": ("ymm", 3), "x86-64-v4-copy": ("zmm", 4), "x86-64-v4-bf16-copy": ("zmm", 5)}
+WIDTH.update({t: w for t, (w, _) in COPY.items()})
 SCALAR_FP = re.compile(
     r"^v?(add|sub|mul|div|min|max|sqrt|rcp|rsqrt)s[sd]$"
     r"|^vf(n?m(add|sub))\d{3}s[sd]$"
@@ -205,15 +205,14 @@ def is_packed(target, mnem, ops):
 
 def check(target, args, kernel_tu, probes, workdir, objdump, cxx=None):
     obj = os.path.join(workdir, f"probes-{target}.o")
-    march = {"aarch64": "armv8-a", "clones": "x86-64"}.get(target, target)
+    march = "armv8-a" if target == "aarch64" else "x86-64" if target in COPY else target
     cmd = flags_for(args, kernel_tu, march, cxx) + ["-c", probes, "-o", obj]
-    if target == "clones":
-        cmd.append("-DVPCE_PROBE_CLONES")
+    if target in COPY:
+        cmd.append(f"-DVPCE_PROBE_COPY={COPY[target][1]}")
     subprocess.run(cmd, check=True)
     dis = subprocess.run([objdump, "-d", "-C", "--no-show-raw-insn", obj], check=True, capture_output=True,
                          text=True).stdout
-    # per target checked (the clones target: x86-64-v3 and x86-64-v4): functions, packed instructions
-    checked = {t: [0, 0] for t in (("x86-64-v3", "x86-64-v4") if target == "clones" else (target,))}
+    checked = [0, 0]  # functions, packed instructions
     errors, control_ok = [], False
     for name, insns in functions(dis):
         if name.startswith("vpce_control_scalar"):
@@ -221,24 +220,16 @@ def check(target, args, kernel_tu, probes, workdir, objdump, cxx=None):
             continue
         if "vpce" not in name or any(f in name for f in CHECKED_INLINED):
             continue
-        at = target
-        if target == "clones":  # the copies for v3 and v4 only (the default copy is the baseline's)
-            m = CLONE.search(name)
-            if not m:
-                continue
-            at = m.group(1).replace("_", "-")
-        checked[at][0] += 1
-        checked[at][1] += sum(1 for _, m, o in insns if is_packed(at, m, o))
+        checked[0] += 1
+        checked[1] += sum(1 for _, m, o in insns if is_packed(target, m, o))
         for start, end, insn in scalar_loops(insns):
             errors.append(f"  {name}: loop {start:#x}-{end:#x} is scalar ({insn})")
     if not control_ok:
         errors.append("  the control loop (vpce_control_scalar) was not found scalar: the check cannot be trusted")
-    for at, (_, packed) in checked.items():
-        if packed == 0:
-            errors.append(f"  no packed floating-point arithmetic in {WIDTH[at]} registers ({at})")
+    if checked[1] == 0:
+        errors.append(f"  no packed floating-point arithmetic in {WIDTH[target]} registers")
     status = "FAILED" if errors else "ok"
-    counts = ", ".join(f"{n} functions, {p} packed FP instructions in {WIDTH[at]} registers"
-                       + (f" ({at} copies)" if target == "clones" else "") for at, (n, p) in checked.items())
+    counts = f"{checked[0]} functions, {checked[1]} packed FP instructions in {WIDTH[target]} registers"
     lines = [f"[vectorized] {target}: {status}: {counts}"] + errors
     return not errors, lines
 

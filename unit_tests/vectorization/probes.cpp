@@ -8,9 +8,31 @@
 #include "vpce/half.hpp"
 #include "vpce/impl/kernels.hpp"
 
+// With VPCE_PROBE_COPY=3, 4 or 5 (the checker's targets x86-64-v3-copy, x86-64-v4-copy, x86-64-v4-bf16-copy,
+// compiled for no CPU in particular) each probe is compiled as the copy of the row loops for that level that
+// such a build picks at run time (impl/stream.hpp, VPCE_HOST_CLONES): with the level's target and host policy.
+#if defined(VPCE_PROBE_COPY)
+#if !VPCE_HOST_CLONES
+#error "VPCE_PROBE_COPY: this compiler and target make no run-time dispatched copies"
+#endif
+#if VPCE_PROBE_COPY == 3
+#define VPCE_PROBE_LEVEL v3
+#define VPCE_PROBE_TARGET target(VPCE_TARGET_V3),
+#elif VPCE_PROBE_COPY == 4
+#define VPCE_PROBE_LEVEL v4
+#define VPCE_PROBE_TARGET target(VPCE_TARGET_V4),
+#else
+#define VPCE_PROBE_LEVEL v4bf16
+#define VPCE_PROBE_TARGET target(VPCE_TARGET_V4_BF16),
+#endif
+#else
+#define VPCE_PROBE_LEVEL build
+#define VPCE_PROBE_TARGET
+#endif
+
 namespace {
 
-using vpce::impl::HostInner;
+using HostInner = vpce::impl::HostInner<vpce::impl::Isa::VPCE_PROBE_LEVEL>;
 using vpce::impl::RowPtr;
 using vpce::impl::Source;
 using vpce::impl::Store;
@@ -111,18 +133,8 @@ void from_stash(const T* q, const std::int64_t* targets, const T* stash_target, 
 
 }  // namespace
 
-// flatten: the row kernels are inlined, so that the constant width reaches every inner loop. With
-// VPCE_PROBE_CLONES (the checker's `clones` target: no -march) each probe is compiled as the run-time
-// dispatched copies of the row loops are (kernels.hpp, VPCE_HOST_CLONES): for x86-64-v3 and x86-64-v4 in a
-// build whose own instruction set has neither, so without the loops' forms in intrinsics.
-#if defined(VPCE_PROBE_CLONES)
-#if !VPCE_HOST_CLONES
-#error "VPCE_PROBE_CLONES: this compiler and target make no run-time dispatched copies"
-#endif
-#define VPCE_PROBE extern "C" __attribute__((noinline, used, flatten, target_clones(VPCE_CLONE_TARGETS)))
-#else
-#define VPCE_PROBE extern "C" __attribute__((noinline, used, flatten))
-#endif
+// flatten: the row kernels are inlined, so that the constant width reaches every inner loop.
+#define VPCE_PROBE extern "C" __attribute__((VPCE_PROBE_TARGET noinline, used, flatten))
 
 // One probe per (storage type, softcap): S the logits' type, T the compute type, G the gradient's.
 #define VPCE_PROBES(NAME, S, T, G)                                                                                 \

@@ -98,9 +98,8 @@ struct StatsWithGradient {
   /// statistics' loop (flattened, VPCE_FLATTEN): inlined there it cost ~10% of `loss_and_grad` (the loop's
   /// code around it got worse), called it costs a call per 32 x Lanes columns.
   template <class Inner, class Row>
-  VPCE_ROW_CLONES KOKKOS_FUNCTION VPCE_NOINLINE void write(const Inner& in, const Row& k, std::int64_t a,
-                                                           std::int64_t b) const {
-    fin.write(in, k, a, b, /*fence=*/false);
+  KOKKOS_INLINE_FUNCTION void write(const Inner& in, const Row& k, std::int64_t a, std::int64_t b) const {
+    Apart<Inner::isa, false>::call([&] { fin.write(in, k, a, b, /*fence=*/false); });
   }
 };
 

@@ -42,25 +42,6 @@
 #define VPCE_NOINLINE
 #endif
 
-// An x86-64 build for no CPU in particular (no AVX2: neither -march nor VPCE_ENABLE_NATIVE) compiles the
-// host's row loops three times, for the baseline (SSE2), x86-64-v3 (AVX2, FMA, F16C) and x86-64-v4
-// (AVX-512), and the loader picks the copies the CPU runs (GCC's function multiversioning, an ifunc that
-// glibc resolves: one indirect call per row; -DVPCE_NO_HOST_CLONES turns it off): RowDriver's versions of its
-// host call, and VPCE_ROW_CLONES on the functions the rows call out of line. The copies take the
-// compiler-vectorised forms of the loops (the forms written in intrinsics follow the macros of the build's
-// own -march): 2.7-4.4x faster than SSE2 on an AMD EPYC Zen 4 (perf_tests/NOTES.md, issue 12, thirty-first
-// round).
-#if defined(__GNUC__) && !defined(__clang__) && !defined(__INTEL_COMPILER) && !defined(__INTEL_LLVM_COMPILER) && \
-    __GNUC__ >= 12 && defined(__x86_64__) && defined(__GLIBC__) && !defined(__AVX2__) && !defined(__CUDACC__) && \
-    !defined(__HIPCC__) && !defined(__SYCL_DEVICE_ONLY__) && !defined(VPCE_NO_HOST_CLONES)
-#define VPCE_HOST_CLONES 1
-#define VPCE_CLONE_TARGETS "default", "arch=x86-64-v3", "arch=x86-64-v4"  // RowDriver's versions name the same
-#define VPCE_ROW_CLONES __attribute__((target_clones(VPCE_CLONE_TARGETS), flatten))
-#else
-#define VPCE_HOST_CLONES 0
-#define VPCE_ROW_CLONES
-#endif
-
 namespace vpce::impl {
 
 // ---------------------------------------------------------------------------------------------------------
@@ -162,11 +143,11 @@ template <bool Pairs>
 struct is_widened<Widened<Pairs>> : std::true_type {};
 template <class ZC>
 inline constexpr bool is_widened_v = is_widened<ZC>::value;
-/// Whether HostInner::online widens a row reader z's chunks to float first (Widened).
-template <class Z, class = void>
+/// Whether HostInner<L>::online widens a row reader z's chunks to float first (Widened).
+template <class Z, Isa L>
 struct widens : std::false_type {};
-template <class Z>
-inline constexpr bool widens_v = widens<Z>::value;
+template <class Z, Isa L>
+inline constexpr bool widens_v = widens<Z, L>::value;
 
 /// Whether the terms f of HostInner::sums_max take their exps 16 columns at a time (ExpTerms::in_lanes).
 template <class F, class = void>
@@ -197,7 +178,7 @@ struct ExpValue {
 /// 16 columns at a time (HostInner::values), the same bits.
 template <class T, ExpAccuracy A, class S, class Tr, class V>
 struct WidenedExpValue {
-  static constexpr bool widens = have_widen_hw<S>;
+  static constexpr bool widens = true;  // constructed where have_widen_hw<S, L> (L: the inner policy's)
   const S* z;
   Tr transform;
   T shift;
@@ -252,8 +233,11 @@ struct SecondTerm<Second::weighted_x, T> {
   const T* w;
 };
 
-/// The host's policy: a row is one thread's vectorised loops.
+/// The host's policy: a row is one thread's vectorised loops, compiled for the instruction sets L (Isa,
+/// stream.hpp): those of the build, or of a copy that RowDriver picks at run time.
+template <Isa L = Isa::build>
 struct HostInner {
+  static constexpr Isa isa = L;
   template <class T, class F>
   KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN T max(std::int64_t n, const F& f) const {
     T m = neg_inf<T>();
@@ -435,11 +419,11 @@ struct HostInner {
   template <class G, class F>
   KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN static void round_line(G* line, const F& v, std::int64_t j) {
     constexpr std::int64_t lanes = 64 / std::int64_t(sizeof(G));
-    if constexpr (have_round_line_hw<G> || exps_in_lanes_v<F> || widens_values_v<F>) {
+    if constexpr (have_round_line_hw<G, L> || exps_in_lanes_v<F> || widens_values_v<F>) {
       alignas(64) float f[lanes];
       values(v, j, f);
-      if constexpr (have_round_line_hw<G>) {
-        if (round_line_hw(line, f)) return;
+      if constexpr (have_round_line_hw<G, L>) {
+        if (round_line_hw<G, L>(line, f)) return;
       }
       VPCE_SIMD
       for (std::int64_t l = 0; l < lanes; ++l) line[l] = to_storage<G>(f[l]);
@@ -470,7 +454,7 @@ struct HostInner {
       static_assert(lanes % 16 == 0, "16 columns at a time");
       for (std::int64_t g16 = 0; g16 < lanes; g16 += 16) {
         T zs[16];
-        widen16_hw(v.z + j + g16, zs);
+        widen16_hw<L>(v.z + j + g16, zs);
         VPCE_SIMD
         for (std::int64_t l = 0; l < 16; ++l) f[g16 + l] = v.at(j + g16 + l, zs[l]);
       }
@@ -507,7 +491,7 @@ struct HostInner {
         kick_next_page(y + j);     // the next page's address translation, while this one is written
         alignas(64) G one[lanes];  // a line of its own: GCC keeps it in registers (it stored `line` each time)
         round_line(one, v, j);
-        stream_line<!is_16bit_v<G> || round_line_whole<G>>(y + j, one);
+        stream_line<!is_16bit_v<G> || round_line_whole<G, L>>(y + j, one);
       }
       if (lines_end < n) {
         form(n - lanes);
@@ -567,8 +551,8 @@ struct HostInner {
     const std::int64_t whole = n - n % 32;
     for (std::int64_t j = 0; j < whole; j += 32) {
       ahead.at(j, 32);
-      widen16_hw(x + j, zs + j);
-      widen16_hw(x + j + 16, zs + j + 16);
+      widen16_hw<L>(x + j, zs + j);
+      widen16_hw<L>(x + j + 16, zs + j + 16);
     }
     for (std::int64_t j = whole; j < n; ++j) zs[j] = float(x[j]);
   }
@@ -605,7 +589,7 @@ struct HostInner {
     st.m = st.zmax != neg_inf<T>() ? x(st.zmax) : neg_inf<T>();
     for (std::int64_t j0 = 0; j0 < n; j0 += chunk_cols) {
       const std::int64_t len = j0 + chunk_cols < n ? chunk_cols : n - j0;
-      if constexpr (widens_v<Z>) {
+      if constexpr (widens_v<Z, L>) {
         // The chunk widened to float, read from L1 by every loop over it; their prefetches fetch the next
         // chunk's logits while they compute, so that the widening (a pure read) finds them in cache.
         alignas(64) float zs[chunk_cols];
@@ -900,11 +884,49 @@ struct ThreadTotal {
   }
 };
 
+/// Whether an inner policy is the host's (HostInner<L>, any L).
+template <class Inner>
+struct is_host_inner : std::false_type {};
+template <Isa L>
+struct is_host_inner<HostInner<L>> : std::true_type {};
+template <class Inner>
+inline constexpr bool is_host_inner_v = is_host_inner<Inner>::value;
+
+/// f() out of line, for the functions a row calls apart on purpose (not inlined into its loops): compiled for the
+/// inner policy's instruction sets (Inner::isa): in the copies (VPCE_HOST_CLONES, stream.hpp) with their target,
+/// everything f calls inlined (Copy<L>::apart); at Isa::build as the build's (`Flatten`: everything inlined).
+template <Isa L, bool Flatten>
+struct Apart;
+template <>
+struct Apart<Isa::build, false> {
+  template <class F>
+  KOKKOS_FUNCTION VPCE_NOINLINE static void call(const F& f) {
+    f();
+  }
+};
+template <>
+struct Apart<Isa::build, true> {
+  template <class F>
+  KOKKOS_FUNCTION VPCE_NOINLINE VPCE_FLATTEN static void call(const F& f) {
+    f();
+  }
+};
+#if VPCE_HOST_CLONES
+template <Isa L, bool Flatten>
+struct Apart {
+  template <class F>
+  static void call(const F& f) {
+    Copy<L>::apart(f);
+  }
+};
+#endif
+
 /// A device's policy: a row is one team, its threads across the vocabulary: thread t of nt reads columns
 /// t, t + nt, ... (coalesced loads), `unroll` of them before it uses them, so that each thread has several
 /// loads in flight (one at a time kept an H200 at a quarter to a half of its copy bandwidth).
 template <class Member>
 struct TeamInner {
+  static constexpr Isa isa = Isa::build;
   const Member& member;
   static constexpr int unroll = 8;
   /// Columns a thread sums in T before adding them to its double total (ThreadTotal, sum()).
@@ -1078,17 +1100,27 @@ struct RowDriver {
   Functor f;
   std::int64_t row0;
 #if VPCE_HOST_CLONES
-  // The three versions (VPCE_HOST_CLONES), those for AVX2 and AVX-512 with every call inlined into them: the
-  // row's loops take their instruction set only where inlined.
-  __attribute__((target("default"))) void operator()(std::int64_t i) const { f.row(HostInner{}, row0 + i); }
-  __attribute__((target("arch=x86-64-v3"), flatten)) void operator()(std::int64_t i) const {
-    f.row(HostInner{}, row0 + i);
+  Isa level = host_level();  ///< the copy of the row loops this CPU runs (VPCE_HOST_CLONES, stream.hpp)
+  void operator()(std::int64_t i) const {
+    switch (level) {
+      case Isa::v3:
+        return row_at<Isa::v3>(i);
+      case Isa::v4:
+        return row_at<Isa::v4>(i);
+      case Isa::v4bf16:
+        return row_at<Isa::v4bf16>(i);
+      default:
+        f.row(HostInner<>{}, row0 + i);
+    }
   }
-  __attribute__((target("arch=x86-64-v4"), flatten)) void operator()(std::int64_t i) const {
-    f.row(HostInner{}, row0 + i);
+  /// Row i in the copy for L: compiled for its instruction sets, everything it calls inlined, with the host policy
+  /// of its level (whose paths in intrinsics are the level's).
+  template <Isa L>
+  void row_at(std::int64_t i) const {
+    Copy<L>::apart([&] { f.row(HostInner<L>{}, row0 + i); });
   }
 #else
-  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const { f.row(HostInner{}, row0 + i); }
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const { f.row(HostInner<>{}, row0 + i); }
 #endif
   template <class Member>
   KOKKOS_INLINE_FUNCTION void operator()(const Member& member) const {
@@ -1155,8 +1187,8 @@ struct Logits {
 };
 
 /// Logits of a type the CPU widens (Widened).
-template <class S>
-struct widens<Logits<S>> : std::bool_constant<have_widen_hw<S>> {};
+template <class S, Isa L>
+struct widens<Logits<S>, L> : std::bool_constant<have_widen_hw<S, L>> {};
 
 /// The options as the kernels use them (docs/design.md, section 1).
 template <class T>
@@ -1267,14 +1299,14 @@ KOKKOS_INLINE_FUNCTION void row_probability_sums(const Inner& in, const KernelAr
   const Params<T> p = a.p;  // the lambdas hold their values: by reference GCC gathered them per column
   const T* w = p.weights == nullptr ? nullptr : p.weights + a.begin;
   const Ahead<read_hint<S>> ahead = Ahead<read_hint<S>>::of(qr);
-  if constexpr (std::is_same_v<S, float16> && std::is_same_v<Inner, HostInner>) {
+  if constexpr (std::is_same_v<S, float16> && is_host_inner_v<Inner>) {
     double sum_t = 0, sum_q = 0, sum_wq = 0;
     bool negative = false;
     for (std::int64_t j0 = 0; j0 < a.n; j0 += chunk_cols) {
       const std::int64_t len = j0 + chunk_cols < a.n ? chunk_cols : a.n - j0;
       alignas(64) float qw[chunk_cols], xw[chunk_cols];
-      HostInner::widen(len, qr + j0, qw, ahead.from(j0));
-      HostInner::widen(len, x + j0, xw, Ahead<Hint::l2>{});  // in cache after the statistics
+      Inner::widen(len, qr + j0, qw, ahead.from(j0));
+      Inner::widen(len, x + j0, xw, Ahead<Hint::l2>{});  // in cache after the statistics
       const Widened<false> xc{xw};
       T piece_t, piece_q, piece_wq;
       probability_sums<T>(
@@ -1299,9 +1331,9 @@ KOKKOS_INLINE_FUNCTION void row_probability_sums(const Inner& in, const KernelAr
 /// the statistics' row (LocalStats), it cost their loop 2% in calls without probability targets (fp32
 /// `loss_and_grad` in cache on a Zen 4).
 template <bool Capped, class S, class T, class MemSpace, class Inner>
-VPCE_ROW_CLONES KOKKOS_FUNCTION VPCE_NOINLINE VPCE_FLATTEN void row_probability_sums_apart(
-    const Inner& in, const KernelArgs<S, T, MemSpace>& a, std::int64_t i, T* t, T* qs, T* wq) {
-  row_probability_sums<Capped>(in, a, i, t, qs, wq);
+KOKKOS_INLINE_FUNCTION void row_probability_sums_apart(const Inner& in, const KernelArgs<S, T, MemSpace>& a,
+                                                       std::int64_t i, T* t, T* qs, T* wq) {
+  Apart<Inner::isa, true>::call([&] { row_probability_sums<Capped>(in, a, i, t, qs, wq); });
 }
 
 /// The records a statistics kernel writes (one per row) and Finalize reads (the merged ones), flat.
@@ -1343,7 +1375,7 @@ class LocalStats {
   /// The same, pace(j) told the columns read as it goes (HostInner::online_stats).
   template <class Inner, class P>
   KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t i, const P& pace) const {
-    if constexpr (std::is_same_v<Inner, HostInner> && !widens_v<Logits<S>>) {
+    if constexpr (is_host_inner_v<Inner> && !widens_v<Logits<S>, Inner::isa>) {
       if (m_a.p.alpha > T(0) && !m_a.p.entropy) return row_folded(in, i, pace);
     }
     row_as<false>(in, i, pace);
@@ -1357,9 +1389,8 @@ class LocalStats {
   /// slower at 2 ranks x 1 thread). Not for logits widened chunk by chunk (float16 with F16C): their sum of x
   /// reads the widened chunk from L1 and costs little, and the branch to this call cost their other rows 3%.
   template <class Inner, class P>
-  VPCE_ROW_CLONES KOKKOS_FUNCTION VPCE_NOINLINE VPCE_FLATTEN void row_folded(const Inner& in, std::int64_t i,
-                                                                             const P& pace) const {
-    row_as<true>(in, i, pace);
+  KOKKOS_INLINE_FUNCTION void row_folded(const Inner& in, std::int64_t i, const P& pace) const {
+    Apart<Inner::isa, true>::call([&] { row_as<true>(in, i, pace); });
   }
 
  public:
@@ -1744,7 +1775,7 @@ class Finalize {
       if constexpr (exp_in_lanes<T, A>) {
         in.store(m_a.n, yr, ExpValue<T, A, decltype(xs), decltype(value)>{xs, l, value}, fix_at, fix, m_store,
                  Ahead<read_hint<S>>::of(x));
-      } else if constexpr (have_widen_hw<S>) {
+      } else if constexpr (have_widen_hw<S, Inner::isa>) {
         auto transform = [p](T z) { return p.template transform<Capped>(z); };
         in.store(m_a.n, yr, WidenedExpValue<T, A, S, decltype(transform), decltype(value)>{x, transform, l, value},
                  fix_at, fix, m_store, Ahead<read_hint<S>>::of(x));
@@ -1871,14 +1902,14 @@ class Finalize {
                                            bool fence) const {
     const T* er = m_stored.exps.row(k.i);
     const S* qr = q_row(k.i);
-    if constexpr (have_widen_hw<S> && std::is_same_v<Inner, HostInner>) {
+    if constexpr (have_widen_hw<S, Inner::isa> && is_host_inner_v<Inner>) {
       for (std::int64_t c0 = a - a % chunk_cols; c0 < b; c0 += chunk_cols) {
         const std::int64_t j0 = c0 > a ? c0 : a, j1 = c0 + chunk_cols < b ? c0 + chunk_cols : b;
         const ChunkK ck = chunk_k(k, j0);
         const T* ec = er + j0;
         alignas(64) float qw[chunk_cols], zw[chunk_cols];
-        if (qr != nullptr) HostInner::widen(j1 - j0, qr + j0, qw, Ahead<Hint::l2>{});
-        if (m_a.p.beta != T(0)) HostInner::widen(j1 - j0, k.x + j0, zw, Ahead<Hint::l2>{});
+        if (qr != nullptr) Inner::widen(j1 - j0, qr + j0, qw, Ahead<Hint::l2>{});
+        if (m_a.p.beta != T(0)) Inner::widen(j1 - j0, k.x + j0, zw, Ahead<Hint::l2>{});
         with_stored_terms(k, j0, Widened<false>{qw}, Widened<false>{zw}, [&](const auto& term, const auto& smooth) {
           in.store(
               j1 - j0, k.yr + j0, [=](std::int64_t j) { return term(ec[j], j, ck) - smooth(j); }, k.fix_at - j0,

@@ -12,6 +12,8 @@
 #include <Kokkos_Core.hpp>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "vpce/half.hpp"
@@ -23,13 +25,33 @@
 #else
 #define VPCE_HAVE_STREAMING_STORES 0
 #endif
-// The CPU's float -> 16-bit conversions (round_line_hw), where the compiler targets them.
+// An x86-64 build for no CPU in particular (no AVX2: neither -march nor VPCE_ENABLE_NATIVE) compiles the
+// host's row loops four times: for the baseline (SSE2) and as copies for x86-64-v3 (AVX2, FMA, F16C), x86-64-v4
+// (AVX-512) and x86-64-v4 with AVX512-BF16 in 512-bit registers (Isa); every row runs the copy of the highest
+// level the CPU has (host_level: one branch per row, RowDriver in kernels.hpp). Each copy runs the row with the
+// host policy of its level (HostInner<L>), whose paths in intrinsics are the helpers of Copy<L> below, with
+// the copy's own target attribute. -DVPCE_NO_HOST_CLONES turns the copies off.
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__INTEL_COMPILER) && !defined(__INTEL_LLVM_COMPILER) &&  \
+    __GNUC__ >= 12 && defined(__x86_64__) && !defined(__AVX2__) && !defined(__CUDACC__) && !defined(__HIPCC__) && \
+    !defined(__SYCL_DEVICE_ONLY__) && !defined(VPCE_NO_HOST_CLONES)
+#define VPCE_HOST_CLONES 1
+#define VPCE_TARGET_V3 "arch=x86-64-v3"
+#define VPCE_TARGET_V4 "arch=x86-64-v4"
+#define VPCE_TARGET_V4_BF16 "arch=x86-64-v4,avx512bf16,prefer-vector-width=512"
+// On the helpers in intrinsics that the copies share with builds for such CPUs: the instruction sets they use.
+#define VPCE_NEEDS(isas) __attribute__((target(isas)))
+#else
+#define VPCE_HOST_CLONES 0
+#define VPCE_NEEDS(isas)
+#endif
+// The CPU's float -> 16-bit conversions (round_line_hw), where the compiler targets them (float16: F16C with
+// AVX2, x86-64-v3 and later).
 #if VPCE_HAVE_STREAMING_STORES && defined(__AVX512BF16__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
 #define VPCE_HW_ROUND_BFLOAT16 1
 #else
 #define VPCE_HW_ROUND_BFLOAT16 0
 #endif
-#if VPCE_HAVE_STREAMING_STORES && defined(__F16C__)
+#if VPCE_HAVE_STREAMING_STORES && defined(__F16C__) && defined(__AVX2__)
 #define VPCE_HW_ROUND_FLOAT16 1
 #else
 #define VPCE_HW_ROUND_FLOAT16 0
@@ -55,8 +77,227 @@
 
 namespace vpce::impl {
 
+/// The instruction sets a host row's loops are compiled for (HostInner<L>, kernels.hpp), in increasing order.
+/// `build`: those of the translation unit's own -march, the paths in intrinsics below chosen by the
+/// preprocessor. The others: the copies that a build for no CPU in particular picks from at run time
+/// (VPCE_HOST_CLONES): x86-64-v3, x86-64-v4 (256-bit registers, GCC's default there), and x86-64-v4 with
+/// AVX512-BF16 in 512-bit registers (as -march=native builds for such CPUs: Intel since Cooper Lake, AMD since
+/// Zen 4); their paths in intrinsics are Copy<L>'s.
+enum class Isa { build, v3, v4, v4bf16 };
+
 /// Whether stream_line and stream_copy write with streaming stores on this build.
 inline constexpr bool have_streaming_stores = VPCE_HAVE_STREAMING_STORES != 0;
+
+// The helpers in intrinsics, each where the build targets its instruction sets or the copies need it.
+#if VPCE_HOST_CLONES || defined(__AVX__)
+KOKKOS_FORCEINLINE_FUNCTION VPCE_NEEDS("avx") void stream_line_256(void* dst, const void* src) {
+  for (int k = 0; k < 2; ++k)
+    _mm256_stream_si256(static_cast<__m256i*>(dst) + k, _mm256_loadu_si256(static_cast<const __m256i*>(src) + k));
+}
+#endif
+#if VPCE_HOST_CLONES || defined(__AVX512F__)
+KOKKOS_FORCEINLINE_FUNCTION VPCE_NEEDS("avx512f") void stream_line_512(void* dst, const void* src) {
+  _mm512_stream_si512(static_cast<__m512i*>(dst), _mm512_loadu_si512(src));
+}
+#endif
+
+#if VPCE_HOST_CLONES || VPCE_INT_ROUND_BFLOAT16 || VPCE_HW_ROUND_FLOAT16
+/// bfloat16(float)'s steps on a vector of floats' bits u (GCC's vector extensions, any width), each result in
+/// the low half of its 32-bit lane: (u + 0x7fff + lsb) >> 16 (round to nearest even), and in `quiet` a NaN's top
+/// half with its quiet bit set; round_bfloat16_int chooses between them. 7-8 instructions with 3 constants,
+/// where GCC's vectorised bfloat16(float) took ~17 with 6 constants (it narrows the NaN test's mask to 16 bits
+/// and selects there), and, on AVX2's 16 registers beside the exp's, sent the constants of both to the stack
+/// (perf_tests/NOTES.md, issue 12, twenty-ninth round).
+template <class U>
+KOKKOS_FORCEINLINE_FUNCTION void round_bfloat16_steps(const U& u, U& rounded, U& quiet) {  // by reference: any width
+  const U top = u >> 16;
+  quiet = top | 0x40u;
+  rounded = (u + 0x7fffu + (top & 1u)) >> 16;
+}
+KOKKOS_FORCEINLINE_FUNCTION VPCE_NEEDS("avx2") __m256i round_bfloat16_int(__m256 v) {
+  using U = unsigned __attribute__((vector_size(32)));
+  U r, quiet;
+  round_bfloat16_steps(U(_mm256_castps_si256(v)), r, quiet);
+  const __m256i rounded = __m256i(r);
+#if defined(__AVX512VL__)
+  // vpblendvb takes only the first 16 vector registers; a mask register, any of 32
+  return _mm256_mask_blend_epi32(_mm256_cmp_ps_mask(v, v, _CMP_UNORD_Q), rounded, __m256i(quiet));
+#else
+  return _mm256_blendv_epi8(rounded, __m256i(quiet), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+#endif
+}
+
+/// round_line_hw's form in 256-bit registers by AVX2's and F16C's instructions: bfloat16 by its integer steps
+/// (round_bfloat16_int), float16 by vcvtps2ph unless the line holds a NaN (false: see round_line_hw). f is
+/// read in 256-bit pieces, the width GCC stores it in (see stream_line), also with AVX-512.
+template <class G>
+KOKKOS_FORCEINLINE_FUNCTION VPCE_NEEDS("avx2,f16c") bool round_line_256(G* line, const float* f) {
+  __m256 v[4];
+  unsigned nan = 0;
+  for (std::ptrdiff_t k = 0; k < 4; ++k) {
+    v[k] = _mm256_loadu_ps(f + 8 * k);
+    if constexpr (std::is_same_v<G, float16>)
+      nan |= unsigned(_mm256_movemask_ps(_mm256_cmp_ps(v[k], v[k], _CMP_UNORD_Q)));
+  }
+  if constexpr (std::is_same_v<G, bfloat16>) {
+    for (std::ptrdiff_t k = 0; k < 2; ++k) {
+      // vpackusdw packs within 128-bit lanes (a 0-3, b 0-3, a 4-7, b 4-7); vpermq puts them in order
+      const __m256i packed = _mm256_packus_epi32(round_bfloat16_int(v[2 * k]), round_bfloat16_int(v[2 * k + 1]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(line) + k, _mm256_permute4x64_epi64(packed, 0xd8));
+    }
+  } else {
+    if (nan != 0) return false;
+    for (std::ptrdiff_t k = 0; k < 4; ++k) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(line) + k,
+                       _mm256_cvtps_ph(v[k], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+  }
+  return true;
+}
+
+/// widen16_hw's form by F16C's 256-bit vcvtph2ps (two per 16 values).
+KOKKOS_FORCEINLINE_FUNCTION VPCE_NEEDS("avx2,f16c") void widen16_256(const float16* x, float* f) {
+  for (std::ptrdiff_t k = 0; k < 2; ++k) {
+    _mm256_storeu_ps(f + 8 * k, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x) + k)));
+  }
+}
+#endif
+
+#if VPCE_HOST_CLONES || VPCE_WHOLE_16BIT_LINES
+KOKKOS_FORCEINLINE_FUNCTION VPCE_NEEDS("avx512f") __m512i round_bfloat16_int(__m512 v) {
+  using U = unsigned __attribute__((vector_size(64)));
+  U r, quiet;
+  round_bfloat16_steps(U(_mm512_castps_si512(v)), r, quiet);
+  const __m512i rounded = __m512i(r);
+  return _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), rounded, __m512i(quiet));
+}
+/// round_line_hw's whole-line form: f in two 512-bit registers (VPCE_WHOLE_16BIT_LINES), the line formed in one
+/// and stored by one 512-bit store: a third of the instructions of the 256-bit form, which split the registers
+/// into halves and passed the line through the stack (bfloat16 `loss_and_grad` -8 to -9%, backward -20%, on an
+/// AMD EPYC Zen 5: perf_tests/NOTES.md, issue 12, seventeenth round). bfloat16 by AVX512-BF16's vcvtne2ps2bf16
+/// where `HwBf16` (false for a line with a subnormal: see round_line_hw), else by its integer steps; float16 by
+/// vcvtps2ph unless the line holds a NaN.
+template <class G, bool HwBf16>
+KOKKOS_FORCEINLINE_FUNCTION VPCE_NEEDS("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c") bool round_line_512(
+    G* line, const float* f) {
+  const __m512 lo = _mm512_loadu_ps(f), hi = _mm512_loadu_ps(f + 16);
+  __m512i out;
+  if constexpr (std::is_same_v<G, bfloat16> && HwBf16) {
+    if ((_mm512_fpclass_ps_mask(lo, 0x20) | _mm512_fpclass_ps_mask(hi, 0x20)) != 0) return false;  // subnormal
+    out = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+  } else if constexpr (std::is_same_v<G, bfloat16>) {
+    // vpackusdw packs within 128-bit lanes (lo 0-3, hi 0-3, lo 4-7, ...); vpermq puts the quadwords in order
+    const __m512i packed = _mm512_packus_epi32(round_bfloat16_int(lo), round_bfloat16_int(hi));
+    out = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), packed);
+  } else {
+    if ((_mm512_cmp_ps_mask(lo, lo, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(hi, hi, _CMP_UNORD_Q)) != 0) return false;
+    // The masked forms: GCC 12's unmasked ones pass _mm*_undefined_* and warn (-Wmaybe-uninitialized).
+    constexpr int nearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    const __m256i a = _mm512_maskz_cvtps_ph(0xffff, lo, nearest), b = _mm512_maskz_cvtps_ph(0xffff, hi, nearest);
+    out = _mm512_maskz_inserti64x4(0xff, _mm512_maskz_inserti64x4(0xff, _mm512_setzero_si512(), a, 0), b, 1);
+  }
+  _mm512_storeu_si512(line, out);
+  return true;
+}
+#endif
+#if VPCE_HOST_CLONES || (VPCE_HW_ROUND_FLOAT16 && defined(__AVX512F__))
+/// widen16_hw's form by one 512-bit vcvtph2ps; the masked form: GCC 12's unmasked one passes _mm512_undefined_ps
+/// (as the rounding's, round_line_512).
+KOKKOS_FORCEINLINE_FUNCTION VPCE_NEEDS("avx512f,f16c") void widen16_512(const float16* x, float* f) {
+  _mm512_storeu_ps(f, _mm512_maskz_cvtph_ps(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x))));
+}
+#endif
+
+#if VPCE_HOST_CLONES
+/// The copies' helpers at level L (Isa): the forms above for the copy's instruction sets, each with the copy's
+/// own target attribute and plain inline, so that GCC inlines them into that copy only (compiled into the
+/// functions without a target on the way there, as an always_inline function would be, their instructions
+/// could not be). `apart(f)`: f() out of line, compiled for the level with everything it calls inlined (the
+/// row of a copy, and what a row calls apart on purpose: Apart, kernels.hpp).
+template <Isa L>
+struct Copy;
+template <>
+struct Copy<Isa::v3> {
+  template <class G>
+  __attribute__((target(VPCE_TARGET_V3))) static bool round_line(G* line, const float* f) {
+    return round_line_256(line, f);
+  }
+  __attribute__((target(VPCE_TARGET_V3))) static void widen16(const float16* x, float* f) { widen16_256(x, f); }
+  template <bool Whole>
+  __attribute__((target(VPCE_TARGET_V3))) static void stream_line(void* dst, const void* src) {
+    stream_line_256(dst, src);
+  }
+  template <class F>
+  __attribute__((target(VPCE_TARGET_V3), noinline, flatten)) static void apart(const F& f) {
+    f();
+  }
+};
+template <>
+struct Copy<Isa::v4> {
+  template <class G>
+  __attribute__((target(VPCE_TARGET_V4))) static bool round_line(G* line, const float* f) {
+    return round_line_256(line, f);
+  }
+  __attribute__((target(VPCE_TARGET_V4))) static void widen16(const float16* x, float* f) { widen16_256(x, f); }
+  template <bool Whole>
+  __attribute__((target(VPCE_TARGET_V4))) static void stream_line(void* dst, const void* src) {
+    if constexpr (Whole) {
+      stream_line_512(dst, src);
+    } else {
+      stream_line_256(dst, src);
+    }
+  }
+  template <class F>
+  __attribute__((target(VPCE_TARGET_V4), noinline, flatten)) static void apart(const F& f) {
+    f();
+  }
+};
+template <>
+struct Copy<Isa::v4bf16> {
+  template <class G>
+  __attribute__((target(VPCE_TARGET_V4_BF16))) static bool round_line(G* line, const float* f) {
+    return round_line_512<G, true>(line, f);
+  }
+  __attribute__((target(VPCE_TARGET_V4_BF16))) static void widen16(const float16* x, float* f) { widen16_512(x, f); }
+  template <bool Whole>
+  __attribute__((target(VPCE_TARGET_V4_BF16))) static void stream_line(void* dst, const void* src) {
+    if constexpr (Whole) {
+      stream_line_512(dst, src);
+    } else {
+      stream_line_256(dst, src);
+    }
+  }
+  template <class F>
+  __attribute__((target(VPCE_TARGET_V4_BF16), noinline, flatten)) static void apart(const F& f) {
+    f();
+  }
+};
+
+/// The level of the copies this CPU runs: the highest it has, at most the one the environment variable
+/// VPCE_HOST_COPY names (baseline, x86-64-v3, x86-64-v4 or x86-64-v4-bf16: to run a lower copy, e.g. in tests;
+/// another value is ignored, with a warning on stderr). Read once per process.
+inline Isa host_level() {
+  static const Isa level = [] {
+    __builtin_cpu_init();
+    Isa l = Isa::build;
+    if (__builtin_cpu_supports("x86-64-v3")) l = Isa::v3;
+    if (__builtin_cpu_supports("x86-64-v4")) l = __builtin_cpu_supports("avx512bf16") ? Isa::v4bf16 : Isa::v4;
+    if (const char* cap = std::getenv("VPCE_HOST_COPY")) {
+      constexpr const char* names[] = {"baseline", "x86-64-v3", "x86-64-v4", "x86-64-v4-bf16"};
+      int k = 0;
+      while (k < 4 && std::strcmp(cap, names[k]) != 0) ++k;
+      if (k == 4) {
+        std::fprintf(stderr, "vpce: VPCE_HOST_COPY=%s ignored (baseline, x86-64-v3, x86-64-v4 or x86-64-v4-bf16)\n",
+                     cap);
+      } else if (Isa(k) < l) {
+        l = Isa(k);
+      }
+    }
+    return l;
+  }();
+  return level;
+}
+#endif
 
 /// Writes the 64-byte line at dst (64-byte aligned) from src (any alignment) with streaming stores where the
 /// CPU has them, else a plain copy. Weakly ordered: stream_fence() before other threads may read the line.
@@ -69,19 +310,24 @@ inline constexpr bool have_streaming_stores = VPCE_HAVE_STREAMING_STORES != 0;
 /// (round_line_hw's 256-bit conversions, and GCC's stores at its default -mprefer-vector-width=256 on AVX-512
 /// CPUs), and a 64-byte load of two 32-byte stores cannot be forwarded from them and stalls (measured: 52% of
 /// the bfloat16 Finalize's samples on that load, AVX-512 Xeon). The two streaming stores fill one line of the
-/// write-combining buffer, as one 64-byte store would.
-template <bool Whole = false>
+/// write-combining buffer, as one 64-byte store would. L: the level's instructions (Isa).
+template <bool Whole = false, Isa L = Isa::build>
 KOKKOS_FORCEINLINE_FUNCTION void stream_line(void* dst, const void* src) {
+#if VPCE_HOST_CLONES
+  if constexpr (L != Isa::build) {
+    Copy<L>::template stream_line<Whole>(dst, src);
+    return;
+  }
+#endif
 #if VPCE_HAVE_STREAMING_STORES
 #if defined(__AVX512F__)
   if constexpr (Whole) {
-    _mm512_stream_si512(static_cast<__m512i*>(dst), _mm512_loadu_si512(src));
+    stream_line_512(dst, src);
     return;
   }
 #endif
 #if defined(__AVX__)
-  for (int k = 0; k < 2; ++k)
-    _mm256_stream_si256(static_cast<__m256i*>(dst) + k, _mm256_loadu_si256(static_cast<const __m256i*>(src) + k));
+  stream_line_256(dst, src);
 #else
   for (int k = 0; k < 4; ++k)
     _mm_stream_si128(static_cast<__m128i*>(dst) + k, _mm_loadu_si128(static_cast<const __m128i*>(src) + k));
@@ -114,161 +360,82 @@ KOKKOS_INLINE_FUNCTION void stream_copy(void* dst, const void* src, std::size_t 
   stream_fence();
 }
 
-/// Whether round_line_hw has instructions for G on this build.
-template <class G>
-inline constexpr bool have_round_line_hw = (std::is_same_v<G, bfloat16> &&
-                                            (VPCE_HW_ROUND_BFLOAT16 != 0 || VPCE_INT_ROUND_BFLOAT16 != 0)) ||
-                                           (std::is_same_v<G, float16> && VPCE_HW_ROUND_FLOAT16 != 0);
+/// Whether round_line_hw<G, L> has instructions for G: at Isa::build where the build targets them, in the copies
+/// always (F16C, AVX2).
+template <class G, Isa L = Isa::build>
+inline constexpr bool have_round_line_hw = L != Isa::build ? (VPCE_HOST_CLONES != 0 && is_16bit_v<G>)
+                                           : std::is_same_v<G, bfloat16>
+                                               ? (VPCE_HW_ROUND_BFLOAT16 != 0 || VPCE_INT_ROUND_BFLOAT16 != 0)
+                                               : (VPCE_HW_ROUND_FLOAT16 != 0 && std::is_same_v<G, float16>);
 
-/// Whether round_line_hw forms a line of G in ONE 512-bit register on this build (stream_line<true> may then
-/// write it): with VPCE_WHOLE_16BIT_LINES.
-template <class G>
-inline constexpr bool round_line_whole = (have_round_line_hw<G> && VPCE_WHOLE_16BIT_LINES != 0);
-
-#if VPCE_INT_ROUND_BFLOAT16
-/// bfloat16(float)'s steps on a vector of floats' bits u (GCC's vector extensions, any width), each result in
-/// the low half of its 32-bit lane: (u + 0x7fff + lsb) >> 16 (round to nearest even), and in `quiet` a NaN's top
-/// half with its quiet bit set; round_bfloat16_int chooses between them. 7-8 instructions with 3 constants,
-/// where GCC's vectorised bfloat16(float) took ~17 with 6 constants (it narrows the NaN test's mask to 16 bits
-/// and selects there), and, on AVX2's 16 registers beside the exp's, sent the constants of both to the stack
-/// (perf_tests/NOTES.md, issue 12, twenty-ninth round).
-template <class U>
-KOKKOS_FORCEINLINE_FUNCTION U round_bfloat16_steps(U u, U& quiet) {
-  const U top = u >> 16;
-  quiet = top | 0x40u;
-  return (u + 0x7fffu + (top & 1u)) >> 16;
-}
-KOKKOS_FORCEINLINE_FUNCTION __m256i round_bfloat16_int(__m256 v) {
-  using U = unsigned __attribute__((vector_size(32)));
-  U quiet;
-  const __m256i rounded = __m256i(round_bfloat16_steps(U(_mm256_castps_si256(v)), quiet));
-#if defined(__AVX512VL__)
-  // vpblendvb takes only the first 16 vector registers; a mask register, any of 32
-  return _mm256_mask_blend_epi32(_mm256_cmp_ps_mask(v, v, _CMP_UNORD_Q), rounded, __m256i(quiet));
-#else
-  return _mm256_blendv_epi8(rounded, __m256i(quiet), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
-#endif
-}
-#if defined(__AVX512BW__)
-KOKKOS_FORCEINLINE_FUNCTION __m512i round_bfloat16_int(__m512 v) {
-  using U = unsigned __attribute__((vector_size(64)));
-  U quiet;
-  const __m512i rounded = __m512i(round_bfloat16_steps(U(_mm512_castps_si512(v)), quiet));
-  return _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), rounded, __m512i(quiet));
-}
-#endif
-#endif
+/// Whether round_line_hw<G, L> forms a line of G in ONE 512-bit register (stream_line<true> may then write it):
+/// with VPCE_WHOLE_16BIT_LINES at Isa::build, in the copy for AVX512-BF16 (512-bit registers).
+template <class G, Isa L = Isa::build>
+inline constexpr bool round_line_whole = have_round_line_hw<G, L> &&
+                                         (L == Isa::build ? VPCE_WHOLE_16BIT_LINES != 0 : L == Isa::v4bf16);
 
 /// line[l] = G(f[l]) for the 32 floats of a line of 16-bit G, by the CPU's conversion instructions where the
-/// compiler targets them: AVX512-BF16's vcvtne2ps2bf16 for bfloat16 (AVX-512 CPUs since Cooper Lake and
-/// Zen 4), F16C's vcvtps2ph for float16 (every x86-64-v3 CPU). Both round to nearest even as bfloat16(float)
-/// and float16(float) do, bit for bit, except where the instruction treats a value otherwise: vcvtne2ps2bf16
+/// level L has them: AVX512-BF16's vcvtne2ps2bf16 for bfloat16 (AVX-512 CPUs since Cooper Lake and Zen 4),
+/// F16C's vcvtps2ph for float16 (every x86-64-v3 CPU). Both round to nearest even as bfloat16(float) and
+/// float16(float) do, bit for bit, except where the instruction treats a value otherwise: vcvtne2ps2bf16
 /// flushes subnormal floats to zero, vcvtps2ph keeps a NaN's payload (float16(float) gives 0x7e00). A line
-/// holding such a value is left to the caller: false (always where the build has no such instruction), and
-/// the caller rounds it in software. So the bits never depend on the ISA (test_math checks every 61st float).
-/// In software the rounding is ~10 (bfloat16) to ~20 (float16) integer operations per vector. Without
-/// AVX512-BF16, bfloat16(float)'s integer steps written in AVX2's or AVX-512's instructions (round_bfloat16_int):
-/// the same bits for every float, every line rounded here.
-template <class G>
+/// holding such a value is left to the caller: false (always where L has no such instruction), and the caller
+/// rounds it in software. So the bits never depend on the ISA (test_math checks every 61st float). In software
+/// the rounding is ~10 (bfloat16) to ~20 (float16) integer operations per vector. Without AVX512-BF16,
+/// bfloat16(float)'s integer steps written in AVX2's or AVX-512's instructions (round_bfloat16_int): the same
+/// bits for every float, every line rounded here.
+template <class G, Isa L = Isa::build>
 KOKKOS_FORCEINLINE_FUNCTION bool round_line_hw(G* line, const float* f) {
   static_assert(is_16bit_v<G>, "a 16-bit type");
+#if VPCE_HOST_CLONES
+  if constexpr (L != Isa::build) return Copy<L>::round_line(line, f);
+#endif
 #if VPCE_WHOLE_16BIT_LINES && (VPCE_HW_ROUND_BFLOAT16 || VPCE_HW_ROUND_FLOAT16 || VPCE_INT_ROUND_BFLOAT16)
-  // f in two 512-bit registers (VPCE_WHOLE_16BIT_LINES), the line formed in one and stored by one 512-bit store:
-  // a third of the instructions of the 256-bit form below, which split the registers into halves and passed
-  // the line through the stack (bfloat16 `loss_and_grad` -8 to -9%, backward -20%, on an AMD EPYC Zen 5:
-  // perf_tests/NOTES.md, issue 12, seventeenth round).
-  if constexpr (have_round_line_hw<G>) {
-    const __m512 lo = _mm512_loadu_ps(f), hi = _mm512_loadu_ps(f + 16);
-    __m512i out = _mm512_setzero_si512();
-#if VPCE_HW_ROUND_BFLOAT16
-    if constexpr (std::is_same_v<G, bfloat16>) {
-      if ((_mm512_fpclass_ps_mask(lo, 0x20) | _mm512_fpclass_ps_mask(hi, 0x20)) != 0) return false;  // subnormal
-      out = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
-    }
-#elif VPCE_INT_ROUND_BFLOAT16
-    if constexpr (std::is_same_v<G, bfloat16>) {
-      // vpackusdw packs within 128-bit lanes (lo 0-3, hi 0-3, lo 4-7, ...); vpermq puts the quadwords in order
-      const __m512i packed = _mm512_packus_epi32(round_bfloat16_int(lo), round_bfloat16_int(hi));
-      out = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), packed);
-    }
-#endif
-#if VPCE_HW_ROUND_FLOAT16
-    if constexpr (std::is_same_v<G, float16>) {
-      if ((_mm512_cmp_ps_mask(lo, lo, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(hi, hi, _CMP_UNORD_Q)) != 0) return false;
-      // The masked forms: GCC 12's unmasked ones pass _mm*_undefined_* and warn (-Wmaybe-uninitialized).
-      constexpr int nearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-      const __m256i a = _mm512_maskz_cvtps_ph(0xffff, lo, nearest), b = _mm512_maskz_cvtps_ph(0xffff, hi, nearest);
-      out = _mm512_maskz_inserti64x4(0xff, _mm512_maskz_inserti64x4(0xff, out, a, 0), b, 1);
-    }
-#endif
-    _mm512_storeu_si512(line, out);
-    return true;
-  }
+  if constexpr (have_round_line_hw<G>) return round_line_512<G, VPCE_HW_ROUND_BFLOAT16 != 0>(line, f);
 #elif VPCE_HW_ROUND_BFLOAT16 || VPCE_HW_ROUND_FLOAT16 || VPCE_INT_ROUND_BFLOAT16
-  // f is read in 256-bit pieces, the width GCC stores it in (see stream_line), also with AVX-512.
-  if constexpr (have_round_line_hw<G>) {
+#if VPCE_HW_ROUND_BFLOAT16
+  if constexpr (std::is_same_v<G, bfloat16>) {
+    // f is read in 256-bit pieces, the width GCC stores it in (see stream_line), also with AVX-512.
     __m256 v[4];
-    unsigned other = 0;  // lanes the instruction would round otherwise
+    unsigned subnormal = 0;  // lanes the instruction would flush to zero
     for (std::ptrdiff_t k = 0; k < 4; ++k) {
       v[k] = _mm256_loadu_ps(f + 8 * k);
-#if VPCE_HW_ROUND_BFLOAT16
-      if constexpr (std::is_same_v<G, bfloat16>) other |= _mm256_fpclass_ps_mask(v[k], 0x20);  // 0x20: subnormal
-#endif
-#if VPCE_HW_ROUND_FLOAT16
-      if constexpr (std::is_same_v<G, float16>) {
-        other |= unsigned(_mm256_movemask_ps(_mm256_cmp_ps(v[k], v[k], _CMP_UNORD_Q)));  // NaN
-      }
-#endif
+      subnormal |= _mm256_fpclass_ps_mask(v[k], 0x20);
     }
-    if (other != 0) return false;
-#if VPCE_HW_ROUND_BFLOAT16
-    if constexpr (std::is_same_v<G, bfloat16>) {
-      for (std::ptrdiff_t k = 0; k < 2; ++k) {
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(line) + k,
-                            reinterpret_cast<__m256i>(_mm256_cvtne2ps_pbh(v[2 * k + 1], v[2 * k])));
-      }
+    if (subnormal != 0) return false;
+    for (std::ptrdiff_t k = 0; k < 2; ++k) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(line) + k,
+                          reinterpret_cast<__m256i>(_mm256_cvtne2ps_pbh(v[2 * k + 1], v[2 * k])));
     }
-#elif VPCE_INT_ROUND_BFLOAT16
-    if constexpr (std::is_same_v<G, bfloat16>) {
-      for (std::ptrdiff_t k = 0; k < 2; ++k) {
-        // vpackusdw packs within 128-bit lanes (a 0-3, b 0-3, a 4-7, b 4-7); vpermq puts them in order
-        const __m256i packed = _mm256_packus_epi32(round_bfloat16_int(v[2 * k]), round_bfloat16_int(v[2 * k + 1]));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(line) + k, _mm256_permute4x64_epi64(packed, 0xd8));
-      }
-    }
-#endif
-#if VPCE_HW_ROUND_FLOAT16
-    if constexpr (std::is_same_v<G, float16>) {
-      for (std::ptrdiff_t k = 0; k < 4; ++k) {
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(line) + k,
-                         _mm256_cvtps_ph(v[k], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-      }
-    }
-#endif
     return true;
   }
+#endif
+  if constexpr (have_round_line_hw<G>) return round_line_256(line, f);
 #endif
   (void)line;
   (void)f;
   return false;
 }
 
-/// Whether widen16_hw has instructions for S on this build: F16C's vcvtph2ps for float16 (every x86-64-v3 CPU).
-template <class S>
-inline constexpr bool have_widen_hw = std::is_same_v<S, float16> && VPCE_HW_ROUND_FLOAT16 != 0;
+/// Whether widen16_hw<L> has instructions for S: F16C's vcvtph2ps for float16 (every x86-64-v3 CPU), at
+/// Isa::build where the build targets it, in the copies always.
+template <class S, Isa L = Isa::build>
+inline constexpr bool have_widen_hw = std::is_same_v<S, float16> &&
+                                      (L == Isa::build ? VPCE_HW_ROUND_FLOAT16 != 0 : VPCE_HOST_CLONES != 0);
 
 /// f[l] = float(x[l]) for 16 float16 values (any alignment): one vcvtph2ps with AVX-512, two with F16C alone,
 /// where 16 values in software take ~10 integer operations per vector (float16's operator float); elsewhere
 /// that. The same bits as float(float16) for every pattern but a signalling NaN, which the instruction quiets
 /// (a NaN all the same, and quieted by the first operation on it in either form; test_math checks all 65536).
+template <Isa L = Isa::build>
 KOKKOS_FORCEINLINE_FUNCTION void widen16_hw(const float16* x, float* f) {
+#if VPCE_HOST_CLONES
+  if constexpr (L != Isa::build) return Copy<L>::widen16(x, f);
+#endif
 #if VPCE_HW_ROUND_FLOAT16 && defined(__AVX512F__)
-  // The masked form: GCC 12's unmasked one passes _mm512_undefined_ps (as the rounding's, round_line_hw).
-  _mm512_storeu_ps(f, _mm512_maskz_cvtph_ps(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x))));
+  widen16_512(x, f);
 #elif VPCE_HW_ROUND_FLOAT16
-  for (std::ptrdiff_t k = 0; k < 2; ++k) {
-    _mm256_storeu_ps(f + 8 * k, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x) + k)));
-  }
+  widen16_256(x, f);
 #else
   for (std::ptrdiff_t l = 0; l < 16; ++l) f[l] = float(x[l]);
 #endif
