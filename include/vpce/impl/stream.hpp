@@ -89,13 +89,13 @@ enum class Isa { build, v3, v4, v4bf16 };
 inline constexpr bool have_streaming_stores = VPCE_HAVE_STREAMING_STORES != 0;
 
 // The helpers in intrinsics, each where the build targets its instruction sets or the copies need it.
-#if VPCE_HOST_CLONES || defined(__AVX__)
+#if VPCE_HAVE_STREAMING_STORES && (VPCE_HOST_CLONES || defined(__AVX__))
 KOKKOS_FORCEINLINE_FUNCTION VPCE_NEEDS("avx") void stream_line_256(void* dst, const void* src) {
   for (int k = 0; k < 2; ++k)
     _mm256_stream_si256(static_cast<__m256i*>(dst) + k, _mm256_loadu_si256(static_cast<const __m256i*>(src) + k));
 }
 #endif
-#if VPCE_HOST_CLONES || defined(__AVX512F__)
+#if VPCE_HAVE_STREAMING_STORES && (VPCE_HOST_CLONES || defined(__AVX512F__))
 KOKKOS_FORCEINLINE_FUNCTION VPCE_NEEDS("avx512f") void stream_line_512(void* dst, const void* src) {
   _mm512_stream_si512(static_cast<__m512i*>(dst), _mm512_loadu_si512(src));
 }
