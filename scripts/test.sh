@@ -72,7 +72,7 @@ mpich_skip+='|^vpce_tool_faults_|^vpce_tool_linear_np2$|^vpce_determinism_(np1|n
 # MPI cannot change them).
 asan_cmake_args="$extra_cmake_args -DVPCE_ENABLE_DETERMINISM_TESTS=OFF -DVPCE_ENABLE_ISA_TESTS=OFF"
 # MPICH's build is the one for no CPU in particular, so that the copies of the row loops picked at run time
-# (impl/stream.hpp, VPCE_HOST_CLONES) run their tests in CI: the CPU's own, and the unit tests again at each lower
+# (impl/isa.hpp, VPCE_HOST_CLONES) run their tests in CI: the CPU's own, and the unit tests again at each lower
 # level (vpce_unit_copy_*; the vectorisation check reads their object code).
 mpich_cmake_args="${VPCE_CMAKE_ARGS:--DVPCE_ENABLE_NATIVE=OFF} -DVPCE_ENABLE_BENCHMARKS=OFF -DVPCE_ENABLE_ISA_TESTS=OFF"
 if [ "${VPCE_TEST_FULL:-0}" = 1 ]; then

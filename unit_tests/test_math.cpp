@@ -27,6 +27,35 @@ using vpce::impl::fast_tanh;
 
 using vpce::impl::ExpAccuracy;
 
+// f(level) for each level of the host policy this build and CPU run (HostInner<L>): the build's own, and where
+// the build makes copies of the rows (VPCE_HOST_CLONES, impl/isa.hpp), those of them the CPU has, whose paths
+// in intrinsics are helpers of their own. level: a std::integral_constant of the Isa.
+template <class F>
+void for_each_level(const F& f) {
+  using vpce::impl::Isa;
+  f(std::integral_constant<Isa, Isa::build>{});
+#if VPCE_HOST_CLONES
+  if (__builtin_cpu_supports("x86-64-v3")) f(std::integral_constant<Isa, Isa::v3>{});
+  if (__builtin_cpu_supports("x86-64-v4")) f(std::integral_constant<Isa, Isa::v4>{});
+  if (__builtin_cpu_supports("x86-64-v4") && __builtin_cpu_supports("avx512bf16")) {
+    f(std::integral_constant<Isa, Isa::v4bf16>{});
+  }
+#endif
+}
+
+// f() compiled as the row loops of level L are: in the copy's Copy<L>::apart (the level's target attribute, f's whole
+// call tree inlined), so that the compiler forms (and fuses) the same operations as there; the build's as it is.
+template <vpce::impl::Isa L, class F>
+void at_level(const F& f) {
+#if VPCE_HOST_CLONES
+  if constexpr (L != vpce::impl::Isa::build) {
+    vpce::impl::Copy<L>::apart(f);
+    return;
+  }
+#endif
+  f();
+}
+
 // The largest relative error of fast_exp<A> over every 61st float from lo (-86.98) up to ln(FLT_MAX) = 88.72
 // (36 M values), and where it is.
 template <ExpAccuracy A>
@@ -152,9 +181,43 @@ TEST(Math, ExpTableRelativeError) {
   EXPECT_TRUE(std::isnan(exp_table_no_overflow(-std::numeric_limits<float>::quiet_NaN())));
 }
 
+// The exps per element of the host's loops at each level (exp_per_element<A, L>: the table form and the one-step
+// reduction where the level has them), compiled as that level's loops are (at_level): largest relative error over
+// every 61st float of [lo, 88], and their values at -inf, NaN, 0 and below lo.
+template <ExpAccuracy A, vpce::impl::Isa L>
+void expect_per_element_accurate(double bound) {
+  using vpce::impl::exp_per_element;
+  double worst = 0;
+  float at = 0;
+  const float inf = std::numeric_limits<float>::infinity();
+  float special[4] = {-inf, 0.0f, std::nextafter(-86.98f, -inf), std::numeric_limits<float>::quiet_NaN()};
+  at_level<L>([&] {
+    auto check = [&](std::uint32_t bits) {
+      const float x = vpce::impl::from_bits(bits);
+      const double ref = std::exp(double(x)), err = std::abs(double(exp_per_element<A, L>(x)) - ref) / ref;
+      if (err > worst) worst = err, at = x;
+    };
+    for (std::uint32_t b = 0x80000000u; b <= vpce::impl::as_bits(-86.98f); b += 61) check(b);
+    for (std::uint32_t b = 0; b <= vpce::impl::as_bits(88.0f); b += 61) check(b);
+    for (float& v : special) v = exp_per_element<A, L>(v);
+  });
+  EXPECT_LT(worst, bound) << "at x = " << at << ", level " << int(L);
+  EXPECT_EQ(special[0], 0.0f);
+  EXPECT_EQ(special[1], 1.0f);
+  EXPECT_EQ(special[2], 0.0f);
+  EXPECT_TRUE(std::isnan(special[3]));
+}
+TEST(Math, ExpPerElementAtEachLevel) {
+  for_each_level([](auto level) {
+    expect_per_element_accurate<ExpAccuracy::full, decltype(level)::value>(1.3e-7);
+    expect_per_element_accurate<ExpAccuracy::input16, decltype(level)::value>(3.2e-6);
+  });
+}
+
 // exp_lanes16 (16 exps at a time: a vector form where exp_in_lanes) gives exp_per_element's bits, which the
-// scalar tails of the same loops take: every 61st float from -inf to 89, NaNs, -inf, lines of mixed values.
-template <ExpAccuracy A>
+// scalar tails of the same loops take: every 61st float from -inf to 89, NaNs, -inf, lines of mixed values; at
+// level L (for_each_level).
+template <ExpAccuracy A, vpce::impl::Isa L>
 void expect_lanes_same_bits() {
   using vpce::impl::as_bits;
   using vpce::impl::exp_per_element;
@@ -163,11 +226,14 @@ void expect_lanes_same_bits() {
   std::uint64_t lines = 0;
   auto check = [&]() {
     ++lines;
-    vpce::impl::exp_lanes16<A>(u, e);
+    float want[16];
+    at_level<L>([&] {  // both as the loops of level L form them
+      vpce::impl::exp_lanes16<A, L>(u, e);
+      for (int l = 0; l < 16; ++l) want[l] = exp_per_element<A, L>(u[l]);
+    });
     for (int l = 0; l < 16; ++l) {
-      const float want = exp_per_element<A>(u[l]);
-      if (as_bits(e[l]) != as_bits(want) && !(std::isnan(e[l]) && std::isnan(want)))
-        return ::testing::AssertionFailure() << "x = " << u[l] << ": " << e[l] << " vs " << want;
+      if (as_bits(e[l]) != as_bits(want[l]) && !(std::isnan(e[l]) && std::isnan(want[l])))
+        return ::testing::AssertionFailure() << "x = " << u[l] << ": " << e[l] << " vs " << want[l];
     }
     return ::testing::AssertionSuccess();
   };
@@ -189,10 +255,13 @@ void expect_lanes_same_bits() {
 }
 
 TEST(Math, ExpLanesSameBitsAsPerElement) {
-  expect_lanes_same_bits<ExpAccuracy::full>();
-  expect_lanes_same_bits<ExpAccuracy::input16>();
-  std::printf("[exp] float `full` exps per element in the table form: %s\n",
-              vpce::impl::exp_in_lanes<float, ExpAccuracy::full> ? "yes (VPCE_EXP_TABLE)" : "no (the polynomial)");
+  for_each_level([](auto level) {
+    expect_lanes_same_bits<ExpAccuracy::full, decltype(level)::value>();
+    expect_lanes_same_bits<ExpAccuracy::input16, decltype(level)::value>();
+  });
+  std::printf("[exp] float `full` exps per element in the table form: %s%s\n",
+              vpce::impl::exp_in_lanes<float, ExpAccuracy::full> ? "yes (VPCE_EXP_TABLE)" : "no (the polynomial)",
+              VPCE_HOST_CLONES ? "; in the run-time copies for AVX-512: yes" : "");
 }
 
 TEST(Math, FastTanh) {
@@ -233,22 +302,6 @@ TEST(Math, Float16AllPatterns) {
     }
     ASSERT_EQ(vpce::float16(f).bits, h.bits) << b;
   }
-}
-
-// f(level) for each level of the host policy this build and CPU run (HostInner<L>): the build's own, and where
-// the build makes copies of the rows (VPCE_HOST_CLONES, impl/stream.hpp), those of them the CPU has, whose paths
-// in intrinsics are helpers of their own. level: a std::integral_constant of the Isa.
-template <class F>
-void for_each_level(const F& f) {
-  using vpce::impl::Isa;
-  f(std::integral_constant<Isa, Isa::build>{});
-#if VPCE_HOST_CLONES
-  if (__builtin_cpu_supports("x86-64-v3")) f(std::integral_constant<Isa, Isa::v3>{});
-  if (__builtin_cpu_supports("x86-64-v4")) f(std::integral_constant<Isa, Isa::v4>{});
-  if (__builtin_cpu_supports("x86-64-v4") && __builtin_cpu_supports("avx512bf16")) {
-    f(std::integral_constant<Isa, Isa::v4bf16>{});
-  }
-#endif
 }
 
 // float16 widened by the CPU's instructions where the build has them (widen16_hw: the chunks of float16 logits
@@ -356,7 +409,7 @@ void expect_widened_values_same_bits() {
   const TestValue value;
   const vpce::impl::HostInner<L> in;
   for (int skew = 0; skew < 2; ++skew) {
-    using V = vpce::impl::WidenedExpValue<float, ExpAccuracy::input16, vpce::float16, HalfOf, TestValue>;
+    using V = vpce::impl::WidenedExpValue<float, ExpAccuracy::input16, L, vpce::float16, HalfOf, TestValue>;
     const V v{x.data() + skew, transform, 1.5f, value};
     const ColumnBySoftware<V> software{v};
     for (const auto how : {vpce::impl::Store::plain, vpce::impl::Store::streaming}) {

@@ -16,7 +16,7 @@ With an aarch64 cross compiler (Debian's g++-aarch64-linux-gnu) the same for aar
 no scalar s/d-register arithmetic in an innermost loop, packed .4s/.2d arithmetic somewhere.
 
 Targets `x86-64-v3-copy`, `x86-64-v4-copy` and `x86-64-v4-bf16-copy`: the copies of the row loops that a build
-for no CPU in particular picks from at run time (impl/stream.hpp, VPCE_HOST_CLONES): probes.cpp compiled for the
+for no CPU in particular picks from at run time (impl/isa.hpp, VPCE_HOST_CLONES): probes.cpp compiled for the
 baseline x86-64 with each probe given the level's target and host policy (-DVPCE_PROBE_COPY=3, 4 or 5); the
 same two requirements as of a build for that level (ymm for v3, zmm for the two v4 copies).
 

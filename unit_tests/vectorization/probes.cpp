@@ -10,7 +10,7 @@
 
 // With VPCE_PROBE_COPY=3, 4 or 5 (the checker's targets x86-64-v3-copy, x86-64-v4-copy, x86-64-v4-bf16-copy,
 // compiled for no CPU in particular) each probe is compiled as the copy of the row loops for that level that
-// such a build picks at run time (impl/stream.hpp, VPCE_HOST_CLONES): with the level's target and host policy.
+// such a build picks at run time (impl/isa.hpp, VPCE_HOST_CLONES): with the level's target and host policy.
 #if defined(VPCE_PROBE_COPY)
 #if !VPCE_HOST_CLONES
 #error "VPCE_PROBE_COPY: this compiler and target make no run-time dispatched copies"

@@ -158,25 +158,26 @@ template <class F>
 inline constexpr bool exps_in_lanes_v = exps_in_lanes<F>::value;
 
 /// A column's value that takes one exp: value(j, x_j, e) with x_j = x(j) and e = exp(x_j - shift) by the exp per
-/// element (exp_per_element<A>), for Inner::store. v(j) on every policy; where exp_in_lanes<T, A> (in_lanes),
-/// HostInner's lines take their exps 16 columns at a time (HostInner::values), with the same bits.
-template <class T, ExpAccuracy A, class X, class V>
+/// element at the inner policy's level L (exp_per_element<A, L>), for Inner::store. v(j) on every policy; where
+/// exp_in_lanes<T, A, L> (in_lanes), HostInner's lines take their exps 16 columns at a time (HostInner::values),
+/// with the same bits.
+template <class T, ExpAccuracy A, Isa L, class X, class V>
 struct ExpValue {
-  static constexpr bool in_lanes = exp_in_lanes<T, A>;
+  static constexpr bool in_lanes = exp_in_lanes<T, A, L>;
   static constexpr ExpAccuracy accuracy = A;
   X x;
   T shift;
   V value;
   KOKKOS_FORCEINLINE_FUNCTION T operator()(std::int64_t j) const {
     const T xj = x(j);
-    return value(j, xj, exp_per_element<A>(xj - shift));
+    return value(j, xj, exp_per_element<A, L>(xj - shift));
   }
 };
 
 /// ExpValue for logits z of a type the CPU widens (have_widen_hw: float16 with F16C): x_j = transform(z_j),
 /// value(j, x_j, exp(x_j - shift)); v(j) on every policy, and at(j, z_j) from z_j widened by HostInner's lines
-/// 16 columns at a time (HostInner::values), the same bits.
-template <class T, ExpAccuracy A, class S, class Tr, class V>
+/// 16 columns at a time (HostInner::values), the same bits. L: as ExpValue's.
+template <class T, ExpAccuracy A, Isa L, class S, class Tr, class V>
 struct WidenedExpValue {
   static constexpr bool widens = true;  // constructed where have_widen_hw<S, L> (L: the inner policy's)
   const S* z;
@@ -185,7 +186,7 @@ struct WidenedExpValue {
   V value;
   KOKKOS_FORCEINLINE_FUNCTION T at(std::int64_t j, T zj) const {
     const T xj = transform(zj);
-    return value(j, xj, exp_per_element<A>(xj - shift));
+    return value(j, xj, exp_per_element<A, L>(xj - shift));
   }
   KOKKOS_FORCEINLINE_FUNCTION T operator()(std::int64_t j) const { return at(j, T(z[j])); }
 };
@@ -284,7 +285,7 @@ struct HostInner {
               u[l] = f.arg(j + l);
               mx[l] = v > mx[l] ? v : mx[l];
             }
-            exp_lanes16<F::accuracy>(u, e);
+            exp_lanes16<F::accuracy, L>(u, e);
             VPCE_SIMD
             for (std::int64_t l = 0; l < 16; ++l) {
               const Terms<T, K> t = f.terms(j + l, u[l], e[l]);
@@ -446,7 +447,7 @@ struct HostInner {
           xs[l] = v.x(j + g16 + l);
           u[l] = xs[l] - v.shift;
         }
-        exp_lanes16<F::accuracy>(u, e);
+        exp_lanes16<F::accuracy, L>(u, e);
         VPCE_SIMD
         for (std::int64_t l = 0; l < 16; ++l) f[g16 + l] = v.value(j + g16 + l, xs[l], e[l]);
       }
@@ -683,12 +684,12 @@ struct HostInner {
   /// weights), x_j formed as (x_j - m) + m (within a rounding of m: label smoothing's sum, in the exps' pass). m is the
   /// running max, which x_j may exceed: by more than 80, online() discards the chunk's terms and does them again
   /// (again()), so exp never overflows in a result that is kept. `Mark` (the exps stored over the logits): where u =
-  /// x_j - m > 80, -u is stored instead of e, for again() (an exp is never negative). Where exp_in_lanes<T, A>,
+  /// x_j - m > 80, -u is stored instead of e, for again() (an exp is never negative). Where exp_in_lanes<T, A, L>,
   /// sums_max takes the exps of 16 columns at a time apart (exp_lanes16): arg(j) gives column j's u, terms(j, u, e) the
   /// rest.
   template <int K, bool Store, bool Mark, ExpAccuracy A, class T, class Z, class X, Second S2 = Second::entropy>
   struct ExpTerms {
-    static constexpr bool in_lanes = exp_in_lanes<T, A>;
+    static constexpr bool in_lanes = exp_in_lanes<T, A, L>;
     static constexpr ExpAccuracy accuracy = A;
     const Z& z;
     const X& x;
@@ -699,7 +700,7 @@ struct HostInner {
     /// Column j's terms from its value zj = z(j).
     KOKKOS_FORCEINLINE_FUNCTION Terms<T, K> at(std::int64_t j, T zj) const {
       const T u = x(zj) - m;
-      return terms(j, u, exp_per_element<A>(u));
+      return terms(j, u, exp_per_element<A, L>(u));
     }
     KOKKOS_FORCEINLINE_FUNCTION T arg(std::int64_t j) const { return x(z(j)) - m; }
     /// Column j's terms from u = x_j - m and its exp e.
@@ -775,7 +776,7 @@ struct HostInner {
                                                              T d) const {
     static_assert(!FromStored || K == 1, "the entropy's sum needs x - m beside each stored exp");
     const T half = fast_exp(d * T(-0.5));
-    auto exp_again = [&](T u, T e0, bool big) { return select(big, exp_per_element<A>(u - d), e0 * half * half); };
+    auto exp_again = [&](T u, T e0, bool big) { return select(big, exp_per_element<A, L>(u - d), e0 * half * half); };
     // Each lambda below forms its Terms in its return statement: GCC leaves the loop scalar where a Terms is
     // copied out of a named one ("more than one data ref").
     auto terms = [&](T e, T u) -> Terms<T, K> {
@@ -804,7 +805,7 @@ struct HostInner {
           len,
           [&](std::int64_t j) {
             const T u = x(z(j)) - m;
-            return terms(exp_again(u, exp_per_element<A>(u), u > T(80)), u);
+            return terms(exp_again(u, exp_per_element<A, L>(u), u > T(80)), u);
           },
           no_max, &unused);
     }
@@ -812,7 +813,7 @@ struct HostInner {
         len,
         [&](std::int64_t j) {
           const T u = x(z(j)) - m;
-          const T e = exp_again(u, exp_per_element<A>(u), u > T(80));
+          const T e = exp_again(u, exp_per_element<A, L>(u), u > T(80));
           y[j] = e;
           return terms(e, u);
         },
@@ -893,7 +894,7 @@ template <class Inner>
 inline constexpr bool is_host_inner_v = is_host_inner<Inner>::value;
 
 /// f() out of line, for the functions a row calls apart on purpose (not inlined into its loops): compiled for the
-/// inner policy's instruction sets (Inner::isa): in the copies (VPCE_HOST_CLONES, stream.hpp) with their target,
+/// inner policy's instruction sets (Inner::isa): in the copies (VPCE_HOST_CLONES, isa.hpp) with their target,
 /// everything f calls inlined (Copy<L>::apart); at Isa::build as the build's (`Flatten`: everything inlined).
 template <Isa L, bool Flatten>
 struct Apart;
@@ -1100,7 +1101,7 @@ struct RowDriver {
   Functor f;
   std::int64_t row0;
 #if VPCE_HOST_CLONES
-  Isa level = host_level();  ///< the copy of the row loops this CPU runs (VPCE_HOST_CLONES, stream.hpp)
+  Isa level = host_level();  ///< the copy of the row loops this CPU runs (VPCE_HOST_CLONES, isa.hpp)
   void operator()(std::int64_t i) const {
     switch (level) {
       case Isa::v3:
@@ -1764,27 +1765,28 @@ class Finalize {
     // value: held by reference, GCC reloaded them from the stack in the loop (the backward in cache on a Zen 4:
     // fp32 -12%, bfloat16 -9%, float16 -6% by value; perf_tests/NOTES.md, issue 12, twenty-fourth round).
     constexpr ExpAccuracy A = exp_accuracy<S>;
+    constexpr Isa L = Inner::isa;
     auto write_row = [&](const auto& term, const auto& smooth) {
-      const G fix = G(c >= 0 ? ((term(xc, exp_per_element<A>(xc - l)) - smooth(c)) - kt) * chain_c : T(0));
+      const G fix = G(c >= 0 ? ((term(xc, exp_per_element<A, L>(xc - l)) - smooth(c)) - kt) * chain_c : T(0));
       auto xs = [p, x](std::int64_t j) { return p.template transform<Capped>(to_compute(x[j])); };
       auto value = [term, smooth, p](std::int64_t j, T xj, T e) {
         return (term(xj, e) - smooth(j)) * p.template chain<Capped>(xj);
       };
       // ExpValue only where its exps go 16 at a time: as the value of every type it cost the bfloat16 backward
       // 4% in cache with the same exps (perf_tests/NOTES.md, issue 12, twenty-second round).
-      if constexpr (exp_in_lanes<T, A>) {
-        in.store(m_a.n, yr, ExpValue<T, A, decltype(xs), decltype(value)>{xs, l, value}, fix_at, fix, m_store,
+      if constexpr (exp_in_lanes<T, A, L>) {
+        in.store(m_a.n, yr, ExpValue<T, A, L, decltype(xs), decltype(value)>{xs, l, value}, fix_at, fix, m_store,
                  Ahead<read_hint<S>>::of(x));
-      } else if constexpr (have_widen_hw<S, Inner::isa>) {
+      } else if constexpr (have_widen_hw<S, L>) {
         auto transform = [p](T z) { return p.template transform<Capped>(z); };
-        in.store(m_a.n, yr, WidenedExpValue<T, A, S, decltype(transform), decltype(value)>{x, transform, l, value},
+        in.store(m_a.n, yr, WidenedExpValue<T, A, L, S, decltype(transform), decltype(value)>{x, transform, l, value},
                  fix_at, fix, m_store, Ahead<read_hint<S>>::of(x));
       } else {
         in.store(
             m_a.n, yr,
             [=](std::int64_t j) {
               const T xj = xs(j);
-              return value(j, xj, exp_per_element<A>(xj - l));
+              return value(j, xj, exp_per_element<A, L>(xj - l));
             },
             fix_at, fix, m_store, Ahead<read_hint<S>>::of(x));
       }

@@ -4,17 +4,18 @@
 /// exp(-inf) = 0 and exp(NaN) = NaN, which the -inf handling and the non-finite check rely on.
 ///
 /// exp(x) = 2^n * p(r). n = round(x / ln2) by adding the magic constant 1.5 * 2^k (floor() kept GCC 12 from
-/// vectorising); n then also sits in the low bits of that sum, and the scale is built from those bits with
-/// integer operations (no float-to-int conversion, undefined for NaN). r = x - n ln2 in two parts
-/// (Cody-Waite; for ExpAccuracy::input16 in one fused multiply-add where the build has them); p approximates exp on |r|
-/// <= ln2/2 (float: a degree-6 minimax-like polynomial, or degree 4 for 16-bit logits, see ExpAccuracy; double: the
+/// vectorising); n then also sits in the low bits of that sum, and the scale is built from those bits with integer
+/// operations (no float-to-int conversion, undefined for NaN). r = x - n ln2 in two parts (Cody-Waite; for
+/// ExpAccuracy::input16 in one fused multiply-add where the build or copy has them, host_fma); p approximates exp on
+/// |r| <= ln2/2 (float: a degree-6 minimax-like polynomial, or degree 4 for 16-bit logits, see ExpAccuracy; double: the
 /// degree-13 Taylor polynomial) with its coefficients doubled and the scale 2^(n-1): the same bits as p * 2^n, with a
 /// finite scale up to n = 128 (1024). Out of range: x < lo gives 0 (results below ~1.5x the smallest normal number are
 /// flushed), x > hi gives +inf. Largest relative error over [lo, ln(max)] (unit_tests/test_math.cpp): 1.0e-7 for float
 /// (every 7th float: 8.8e-8), 3.1e-6 for float with ExpAccuracy::input16 (2.9e-6 without FMA), 1.8e-16 for double.
 ///
-/// Where GCC builds for AVX-512 (VPCE_EXP_TABLE) the host's hot loops take float's `full` exps per element in a
-/// table form instead (exp_table_no_overflow: 2^(k/16) from a 16-entry table held in a register, a degree-3
+/// Where GCC builds for AVX-512 (VPCE_EXP_TABLE), and in the copies of the row loops for AVX-512 that a build for
+/// no CPU in particular runs (Isa, isa.hpp; exp_table), the host's hot loops take float's `full` exps per element
+/// in a table form instead (exp_table_no_overflow: 2^(k/16) from a 16-entry table held in a register, a degree-3
 /// polynomial on |r| <= ln2/32; 1.2e-7), 16 at a time in GCC's vector extensions (exp_lanes16): the exp-and-sum
 /// loop 16% faster, the fp32 forward 13% in cache on an AMD Zen 5 (perf_tests/NOTES.md, issue 12, twenty-second
 /// round). On AVX2 the table's two permutes and blend per 8 lanes cost what it saves, on SSE4.2 more.
@@ -29,6 +30,7 @@
 
 #include "vpce/impl/bits.hpp"
 #include "vpce/impl/compat.hpp"
+#include "vpce/impl/isa.hpp"
 
 // Whether host code may call __builtin_fmaf as one instruction: a GCC or Clang host compilation for a CPU with
 // fused multiply-adds (x86-64-v3 and later, aarch64). Elsewhere (a device, an older x86-64) the exp takes the
@@ -58,26 +60,38 @@ namespace vpce::impl {
 /// logits of 4 or 8 bytes. `input16`: for logits stored in 16 bits (bfloat16, float16), whose values carry
 /// 8 or 11 bits and whose gradients are rounded to them: a degree-4 polynomial, two FMAs fewer per element
 /// (6-18% off bfloat16 and float16 calls on an AMD Zen 5, where those exps bind them: perf_tests/NOTES.md,
-/// eighteenth round), and where the build has FMA a one-step reduction, one FMA fewer still (nineteenth round:
+/// eighteenth round), and where the build or copy has FMA a one-step reduction, one FMA fewer still (nineteenth round:
 /// the bfloat16 forward 6%, `loss_and_grad` 1-4% faster); largest relative error 3.1e-6 (2.9e-6 without
 /// FMA; 1/1200 of bfloat16's own rounding, 1/160 of float16's; its mean over the range 3e-8), exp(0) = 1
 /// exactly: a row's loss moves by at most 3.1e-6 nats against `full`. Only the exps per element take it: the merges of
 /// maxima (exp(m1 - m2), once per chunk or record) stay `full`. Double ignores it.
 enum class ExpAccuracy { full, input16 };
 
+/// Whether host code at level L (Isa) forms a fused multiply-add by one instruction: at Isa::build where
+/// VPCE_HOST_FMA, in every copy (x86-64-v3 and later have FMA).
+template <Isa L>
+inline constexpr bool host_fma = L == Isa::build ? VPCE_HOST_FMA != 0 : VPCE_HOST_CLONES != 0;
+
+/// Whether float's `full` exps per element at level L take the table form (exp_table_no_overflow, 16 at a time
+/// by exp_table_lanes16): at Isa::build where VPCE_EXP_TABLE, in the copies for AVX-512 (those for AVX2 keep the
+/// polynomial, as AVX2 builds do).
+template <Isa L>
+inline constexpr bool exp_table = L == Isa::build ? VPCE_EXP_TABLE != 0 : (VPCE_HOST_CLONES != 0 && L >= Isa::v4);
+
 /// fast_exp without its overflow check, for arguments that cannot overflow: x - max, x - lse, the difference
 /// of two maxima. For x <= 89 and for -inf and NaN it gives fast_exp's bits; above, its result is unspecified
 /// (+inf, a finite number or -0: callers that may pass such x discard the result). The overflow select is
-/// ~20% of the exp's time in a vectorised exp-and-sum loop.
-template <ExpAccuracy A = ExpAccuracy::full>
+/// ~20% of the exp's time in a vectorised exp-and-sum loop. L: the level of the code it is inlined into
+/// (host_fma: input16's one-step reduction); called elsewhere, the same bits by a call of fmaf.
+template <ExpAccuracy A = ExpAccuracy::full, Isa L = Isa::build>
 KOKKOS_FORCEINLINE_FUNCTION float fast_exp_no_overflow(float x) {
   constexpr float lo = -86.98f;         // n >= -125: 2^(n-1) is a normal number
   constexpr float magic = 12582912.0f;  // 1.5 * 2^23
   const float t = x * 1.44269504088896341f + magic;
   const float n = t - magic;
   float r;
-#if VPCE_HOST_FMA
-  if constexpr (A == ExpAccuracy::input16) {
+#if VPCE_HOST_FMA || VPCE_HOST_CLONES
+  if constexpr (A == ExpAccuracy::input16 && host_fma<L>) {
     // One step, its product exact in the fused multiply-add: ln2's own rounding adds |n| 1.9e-9 to r (at most
     // 2.4e-7), which `full` could not afford.
     r = __builtin_fmaf(-n, 0.693147180559945309f, x);
@@ -132,7 +146,9 @@ inline constexpr float exp2_sixteenths[16] = {
 /// (exp_lanes16). Largest relative error 1.2e-7 (unit_tests/test_math.cpp; the polynomial's 1.0e-7): the
 /// entry's rounding and the result's (1.34e-7 without FMA, where only that test takes this form). For x <= 88
 /// (n <= 127), -inf and NaN it is exp(x), 0 and NaN; below lo 0;
-/// above 88 its result is unspecified (callers discard it, as fast_exp_no_overflow's above 89).
+/// above 88 its result is unspecified (callers discard it, as fast_exp_no_overflow's above 89). L: as
+/// fast_exp_no_overflow's (host_fma: the last step fused).
+template <Isa L = Isa::build>
 KOKKOS_FORCEINLINE_FUNCTION float exp_table_no_overflow(float x) {
   constexpr float lo = -86.98f;
   constexpr float magic = 12582912.0f;  // 1.5 * 2^23
@@ -148,16 +164,15 @@ KOKKOS_FORCEINLINE_FUNCTION float exp_table_no_overflow(float x) {
   q = q * r;
   const std::uint32_t k = as_bits(t) - as_bits(magic);  // 16 n + k, two's complement
   const float f = from_bits(as_bits(exp2_sixteenths[k & 15u]) + (std::uint32_t(std::int32_t(k) >> 4) << 23));
-#if VPCE_HOST_FMA
-  const float e = __builtin_fmaf(q, f, f);  // fused whatever the optimisation level (exp_lanes16 too)
-#else
-  const float e = q * f + f;
+  float e = q * f + f;
+#if VPCE_HOST_FMA || VPCE_HOST_CLONES
+  if constexpr (host_fma<L>) e = __builtin_fmaf(q, f, f);  // fused whatever the optimisation level (as the lanes')
 #endif
   return select(x < lo, 0.0f, e);
 }
 
-/// As for float, for x <= 710 (always `full`).
-template <ExpAccuracy = ExpAccuracy::full>
+/// As for float, for x <= 710 (always `full`, at every level).
+template <ExpAccuracy = ExpAccuracy::full, Isa = Isa::build>
 KOKKOS_FORCEINLINE_FUNCTION double fast_exp_no_overflow(double x) {
   constexpr double lo = -708.0;                 // n >= -1021
   constexpr double magic = 6755399441055744.0;  // 1.5 * 2^52
@@ -190,53 +205,66 @@ KOKKOS_FORCEINLINE_FUNCTION double fast_exp(double x) {
   return select(x > hi, from_bits(std::uint64_t(0x7ff0000000000000u)), fast_exp_no_overflow(x));
 }
 
-/// The exp per element the host's hot loops take for float with accuracy A: exp_table_no_overflow for `full`
-/// where VPCE_EXP_TABLE, else fast_exp_no_overflow<A>. Double: fast_exp_no_overflow.
-template <ExpAccuracy A>
+/// The exp per element the host's hot loops at level L take for float with accuracy A: exp_table_no_overflow<L>
+/// for `full` where exp_table<L>, else fast_exp_no_overflow<A, L>. Double: fast_exp_no_overflow.
+template <ExpAccuracy A, Isa L = Isa::build>
 KOKKOS_FORCEINLINE_FUNCTION float exp_per_element(float x) {
-#if VPCE_EXP_TABLE
-  if constexpr (A == ExpAccuracy::full) return exp_table_no_overflow(x);
-#endif
-  return fast_exp_no_overflow<A>(x);
+  if constexpr (A == ExpAccuracy::full && exp_table<L>) return exp_table_no_overflow<L>(x);
+  return fast_exp_no_overflow<A, L>(x);
 }
-template <ExpAccuracy A>
+template <ExpAccuracy A, Isa L = Isa::build>
 KOKKOS_FORCEINLINE_FUNCTION double exp_per_element(double x) {
   return fast_exp_no_overflow(x);
 }
 
-/// Whether exp_lanes16<A> over T is the table form in vector registers (a separate step of the loops that
+/// Whether exp_lanes16<A, L> over T is the table form in vector registers (a separate step of the loops that
 /// take it: HostInner::sums_max, HostInner::values), rather than an exp a vectorised loop inlines.
-template <class T, ExpAccuracy A>
-inline constexpr bool exp_in_lanes = VPCE_EXP_TABLE != 0 && std::is_same_v<T, float> && A == ExpAccuracy::full;
+template <class T, ExpAccuracy A, Isa L = Isa::build>
+inline constexpr bool exp_in_lanes = exp_table<L> ? (A == ExpAccuracy::full && std::is_same_v<T, float>) : false;
 
-/// e[l] = exp_per_element<A>(u[l]) for l < 16, the same bits; where exp_in_lanes, one 512-bit vector whose
-/// table lookup is one permute (GCC's vector extensions; a scalar loop would load the entries one by one).
-template <ExpAccuracy A, class T>
-KOKKOS_FORCEINLINE_FUNCTION void exp_lanes16(const T (&u)[16], T (&e)[16]) {
-#if VPCE_EXP_TABLE
-  if constexpr (exp_in_lanes<T, A>) {
-    typedef float vf __attribute__((vector_size(64)));
-    typedef std::int32_t vi __attribute__((vector_size(64)));
-    typedef std::uint32_t vu __attribute__((vector_size(64)));
-    vf x, table;
-    for (int l = 0; l < 16; ++l) x[l] = u[l];
-    std::memcpy(&table, exp2_sixteenths, sizeof(table));
-    constexpr float magic = 12582912.0f;
-    const vf t = x * 23.083120654223414f + magic;
-    const vf n = t - magic;
-    vf r = x - n * 0.0433197021484375f;
-    r = r - n * 1.9966364561696537e-6f;
-    vf q = 0.16666667f * r + 0.5f;
-    q = q * r + 1.0f;
-    q = q * r;
-    const vi k = vi(vu(t) - vu(vf{} + magic));  // unsigned: t may be any bits (NaN, inf)
-    const vf f = vf(vu(__builtin_shuffle(table, k & 15)) + (vu(k >> 4) << 23));
-    const vf y = x < -86.98f ? vf{} : vf(_mm512_fmadd_ps(__m512(q), __m512(f), __m512(f)));
-    for (int l = 0; l < 16; ++l) e[l] = y[l];
-    return;
-  }
+#if VPCE_EXP_TABLE || VPCE_HOST_CLONES
+/// e[l] = exp_table_no_overflow(u[l]) (its last step fused) for l < 16 in one 512-bit vector, whose table lookup
+/// is one permute (GCC's vector extensions; a scalar loop would load the entries one by one). In the copies
+/// through Copy<L>::exp_lanes16 (stream.hpp), which has the copy's target.
+KOKKOS_FORCEINLINE_FUNCTION VPCE_NEEDS("avx512f") void exp_table_lanes16(const float (&u)[16], float (&e)[16]) {
+  typedef float vf __attribute__((vector_size(64)));
+  typedef std::int32_t vi __attribute__((vector_size(64)));
+  typedef std::uint32_t vu __attribute__((vector_size(64)));
+  vf x, table;
+  for (int l = 0; l < 16; ++l) x[l] = u[l];
+  std::memcpy(&table, exp2_sixteenths, sizeof(table));
+  constexpr float magic = 12582912.0f;
+  const vf t = x * 23.083120654223414f + magic;
+  const vf n = t - magic;
+  vf r = x - n * 0.0433197021484375f;
+  r = r - n * 1.9966364561696537e-6f;
+  vf q = 0.16666667f * r + 0.5f;
+  q = q * r + 1.0f;
+  q = q * r;
+  const vi k = vi(vu(t) - vu(vf{} + magic));  // unsigned: t may be any bits (NaN, inf)
+  const vf f = vf(vu(__builtin_shuffle(table, k & 15)) + (vu(k >> 4) << 23));
+  const vf y = x < -86.98f ? vf{} : vf(_mm512_fmadd_ps(__m512(q), __m512(f), __m512(f)));
+  for (int l = 0; l < 16; ++l) e[l] = y[l];
+}
 #endif
-  for (int l = 0; l < 16; ++l) e[l] = exp_per_element<A>(u[l]);  // (no loop takes it: see exp_in_lanes)
+
+/// e[l] = exp_per_element<A, L>(u[l]) for l < 16, the same bits; where exp_in_lanes, exp_table_lanes16 (at a
+/// copy's level through Copy<L>).
+template <ExpAccuracy A, Isa L = Isa::build, class T>
+KOKKOS_FORCEINLINE_FUNCTION void exp_lanes16(const T (&u)[16], T (&e)[16]) {
+  if constexpr (exp_in_lanes<T, A, L>) {
+#if VPCE_HOST_CLONES
+    if constexpr (L != Isa::build) {
+      Copy<L>::exp_lanes16(u, e);
+      return;
+    }
+#endif
+#if VPCE_EXP_TABLE
+    exp_table_lanes16(u, e);
+    return;
+#endif
+  }
+  for (int l = 0; l < 16; ++l) e[l] = exp_per_element<A, L>(u[l]);  // (no loop takes it: see exp_in_lanes)
 }
 
 /// tanh for the softcap: 1 - 2 / (exp(2u) + 1) with fast_exp, an odd Taylor polynomial for |u| < 1/8 where

@@ -12,11 +12,11 @@
 #include <Kokkos_Core.hpp>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 
 #include "vpce/half.hpp"
+#include "vpce/impl/isa.hpp"
+#include "vpce/impl/math.hpp"
 
 #if (defined(__x86_64__) || defined(_M_X64)) && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__) && \
     !defined(__SYCL_DEVICE_ONLY__)
@@ -24,25 +24,6 @@
 #define VPCE_HAVE_STREAMING_STORES 1
 #else
 #define VPCE_HAVE_STREAMING_STORES 0
-#endif
-// An x86-64 build for no CPU in particular (no AVX2: neither -march nor VPCE_ENABLE_NATIVE) compiles the
-// host's row loops four times: for the baseline (SSE2) and as copies for x86-64-v3 (AVX2, FMA, F16C), x86-64-v4
-// (AVX-512) and x86-64-v4 with AVX512-BF16 in 512-bit registers (Isa); every row runs the copy of the highest
-// level the CPU has (host_level: one branch per row, RowDriver in kernels.hpp). Each copy runs the row with the
-// host policy of its level (HostInner<L>), whose paths in intrinsics are the helpers of Copy<L> below, with
-// the copy's own target attribute. -DVPCE_NO_HOST_CLONES turns the copies off.
-#if defined(__GNUC__) && !defined(__clang__) && !defined(__INTEL_COMPILER) && !defined(__INTEL_LLVM_COMPILER) &&  \
-    __GNUC__ >= 12 && defined(__x86_64__) && !defined(__AVX2__) && !defined(__CUDACC__) && !defined(__HIPCC__) && \
-    !defined(__SYCL_DEVICE_ONLY__) && !defined(VPCE_NO_HOST_CLONES)
-#define VPCE_HOST_CLONES 1
-#define VPCE_TARGET_V3 "arch=x86-64-v3"
-#define VPCE_TARGET_V4 "arch=x86-64-v4"
-#define VPCE_TARGET_V4_BF16 "arch=x86-64-v4,avx512bf16,prefer-vector-width=512"
-// On the helpers in intrinsics that the copies share with builds for such CPUs: the instruction sets they use.
-#define VPCE_NEEDS(isas) __attribute__((target(isas)))
-#else
-#define VPCE_HOST_CLONES 0
-#define VPCE_NEEDS(isas)
 #endif
 // The CPU's float -> 16-bit conversions (round_line_hw), where the compiler targets them (float16: F16C with
 // AVX2, x86-64-v3 and later).
@@ -76,14 +57,6 @@
 #endif
 
 namespace vpce::impl {
-
-/// The instruction sets a host row's loops are compiled for (HostInner<L>, kernels.hpp), in increasing order.
-/// `build`: those of the translation unit's own -march, the paths in intrinsics below chosen by the
-/// preprocessor. The others: the copies that a build for no CPU in particular picks from at run time
-/// (VPCE_HOST_CLONES): x86-64-v3, x86-64-v4 (256-bit registers, GCC's default there), and x86-64-v4 with
-/// AVX512-BF16 in 512-bit registers (as -march=native builds for such CPUs: Intel since Cooper Lake, AMD since
-/// Zen 4); their paths in intrinsics are Copy<L>'s.
-enum class Isa { build, v3, v4, v4bf16 };
 
 /// Whether stream_line and stream_copy write with streaming stores on this build.
 inline constexpr bool have_streaming_stores = VPCE_HAVE_STREAMING_STORES != 0;
@@ -214,8 +187,6 @@ KOKKOS_FORCEINLINE_FUNCTION VPCE_NEEDS("avx512f,f16c") void widen16_512(const fl
 /// functions without a target on the way there, as an always_inline function would be, their instructions
 /// could not be). `apart(f)`: f() out of line, compiled for the level with everything it calls inlined (the
 /// row of a copy, and what a row calls apart on purpose: Apart, kernels.hpp).
-template <Isa L>
-struct Copy;
 template <>
 struct Copy<Isa::v3> {
   template <class G>
@@ -239,6 +210,9 @@ struct Copy<Isa::v4> {
     return round_line_256(line, f);
   }
   __attribute__((target(VPCE_TARGET_V4))) static void widen16(const float16* x, float* f) { widen16_256(x, f); }
+  __attribute__((target(VPCE_TARGET_V4))) static void exp_lanes16(const float (&u)[16], float (&e)[16]) {
+    exp_table_lanes16(u, e);
+  }
   template <bool Whole>
   __attribute__((target(VPCE_TARGET_V4))) static void stream_line(void* dst, const void* src) {
     if constexpr (Whole) {
@@ -259,6 +233,9 @@ struct Copy<Isa::v4bf16> {
     return round_line_512<G, true>(line, f);
   }
   __attribute__((target(VPCE_TARGET_V4_BF16))) static void widen16(const float16* x, float* f) { widen16_512(x, f); }
+  __attribute__((target(VPCE_TARGET_V4_BF16))) static void exp_lanes16(const float (&u)[16], float (&e)[16]) {
+    exp_table_lanes16(u, e);
+  }
   template <bool Whole>
   __attribute__((target(VPCE_TARGET_V4_BF16))) static void stream_line(void* dst, const void* src) {
     if constexpr (Whole) {
@@ -272,31 +249,6 @@ struct Copy<Isa::v4bf16> {
     f();
   }
 };
-
-/// The level of the copies this CPU runs: the highest it has, at most the one the environment variable
-/// VPCE_HOST_COPY names (baseline, x86-64-v3, x86-64-v4 or x86-64-v4-bf16: to run a lower copy, e.g. in tests;
-/// another value is ignored, with a warning on stderr). Read once per process.
-inline Isa host_level() {
-  static const Isa level = [] {
-    __builtin_cpu_init();
-    Isa l = Isa::build;
-    if (__builtin_cpu_supports("x86-64-v3")) l = Isa::v3;
-    if (__builtin_cpu_supports("x86-64-v4")) l = __builtin_cpu_supports("avx512bf16") ? Isa::v4bf16 : Isa::v4;
-    if (const char* cap = std::getenv("VPCE_HOST_COPY")) {
-      constexpr const char* names[] = {"baseline", "x86-64-v3", "x86-64-v4", "x86-64-v4-bf16"};
-      int k = 0;
-      while (k < 4 && std::strcmp(cap, names[k]) != 0) ++k;
-      if (k == 4) {
-        std::fprintf(stderr, "vpce: VPCE_HOST_COPY=%s ignored (baseline, x86-64-v3, x86-64-v4 or x86-64-v4-bf16)\n",
-                     cap);
-      } else if (Isa(k) < l) {
-        l = Isa(k);
-      }
-    }
-    return l;
-  }();
-  return level;
-}
 #endif
 
 /// Writes the 64-byte line at dst (64-byte aligned) from src (any alignment) with streaming stores where the
