@@ -10,7 +10,10 @@ disassembles it, and requires of every function of vpce's (the probes and what t
     an innermost loop (a natural loop of the control-flow graph that holds no other): such a loop was
     left scalar;
   - packed floating-point arithmetic in the target's widest registers somewhere (xmm for x86-64-v2,
-    ymm for x86-64-v3, zmm for x86-64-v4).
+    ymm for x86-64-v3, zmm for x86-64-v4);
+  - on targets with AVX (all but x86-64-v2): streaming stores (the gradient's lines) in ymm or zmm registers
+    only, and some: a streaming store of an xmm register there is the baseline's form of stream_line (a copy
+    that wrote its lines 16 bytes at a time through a call site without the level, 2026-12-06).
 
 With an aarch64 cross compiler (Debian's g++-aarch64-linux-gnu) the same for aarch64 (NEON, -march=armv8-a):
 no scalar s/d-register arithmetic in an innermost loop, packed .4s/.2d arithmetic somewhere.
@@ -18,7 +21,7 @@ no scalar s/d-register arithmetic in an innermost loop, packed .4s/.2d arithmeti
 Targets `x86-64-v3-copy`, `x86-64-v4-copy` and `x86-64-v4-bf16-copy`: the copies of the row loops that a build
 for no CPU in particular picks from at run time (impl/isa.hpp, VPCE_HOST_CLONES): probes.cpp compiled for the
 baseline x86-64 with each probe given the level's target and host policy (-DVPCE_PROBE_COPY=3, 4 or 5); the
-same two requirements as of a build for that level (ymm for v3, zmm for the two v4 copies).
+same requirements as of a build for that level (ymm for v3, zmm for the two v4 copies).
 
 Not checked: the out-of-line functions of CHECKED_INLINED, whose loops a probe of their own checks inlined.
 
@@ -197,6 +200,9 @@ def scalar_loops(insns):
     return found
 
 
+STREAMING_STORE = re.compile(r"^v?movnt(dq|ps|pd)$")
+
+
 def is_packed(target, mnem, ops):
     if target == "aarch64":
         return bool(A64_PACKED_FP.match(mnem)) and (".4s" in ops or ".2d" in ops)
@@ -212,7 +218,8 @@ def check(target, args, kernel_tu, probes, workdir, objdump, cxx=None):
     subprocess.run(cmd, check=True)
     dis = subprocess.run([objdump, "-d", "-C", "--no-show-raw-insn", obj], check=True, capture_output=True,
                          text=True).stdout
-    checked = [0, 0]  # functions, packed instructions
+    checked = [0, 0, 0]  # functions, packed instructions, streaming stores
+    wide_streams = target != "aarch64" and WIDTH[target] != "xmm"
     errors, control_ok = [], False
     for name, insns in functions(dis):
         if name.startswith("vpce_control_scalar"):
@@ -222,14 +229,23 @@ def check(target, args, kernel_tu, probes, workdir, objdump, cxx=None):
             continue
         checked[0] += 1
         checked[1] += sum(1 for _, m, o in insns if is_packed(target, m, o))
+        for address, m, o in insns:
+            if wide_streams and STREAMING_STORE.match(m):
+                checked[2] += 1
+                if "%xmm" in o:
+                    errors.append(f"  {name}: a streaming store of an xmm register at {address:#x} ({m} {o})")
         for start, end, insn in scalar_loops(insns):
             errors.append(f"  {name}: loop {start:#x}-{end:#x} is scalar ({insn})")
     if not control_ok:
         errors.append("  the control loop (vpce_control_scalar) was not found scalar: the check cannot be trusted")
     if checked[1] == 0:
         errors.append(f"  no packed floating-point arithmetic in {WIDTH[target]} registers")
+    if wide_streams and checked[2] == 0:
+        errors.append("  no streaming store: the probes' streaming rows were not found")
     status = "FAILED" if errors else "ok"
     counts = f"{checked[0]} functions, {checked[1]} packed FP instructions in {WIDTH[target]} registers"
+    if wide_streams:
+        counts += f", {checked[2]} streaming stores"
     lines = [f"[vectorized] {target}: {status}: {counts}"] + errors
     return not errors, lines
 

@@ -492,7 +492,7 @@ struct HostInner {
         kick_next_page(y + j);     // the next page's address translation, while this one is written
         alignas(64) G one[lanes];  // a line of its own: GCC keeps it in registers (it stored `line` each time)
         round_line(one, v, j);
-        stream_line<!is_16bit_v<G> || round_line_whole<G, L>>(y + j, one);
+        stream_line<!is_16bit_v<G> || round_line_whole<G, L>, L>(y + j, one);
       }
       if (lines_end < n) {
         form(n - lanes);
