@@ -26,13 +26,13 @@ using vpce::impl::fast_exp;
 using vpce::impl::fast_tanh;
 
 using vpce::impl::ExpAccuracy;
+using vpce::impl::Isa;
 
 // f(level) for each level of the host policy this build and CPU run (HostInner<L>): the build's own, and where
 // the build makes copies of the rows (VPCE_HOST_CLONES, impl/isa.hpp), those of them the CPU has, whose paths
 // in intrinsics are helpers of their own. level: a std::integral_constant of the Isa.
 template <class F>
 void for_each_level(const F& f) {
-  using vpce::impl::Isa;
   f(std::integral_constant<Isa, Isa::build>{});
 #if VPCE_HOST_CLONES
   if (__builtin_cpu_supports("x86-64-v3")) f(std::integral_constant<Isa, Isa::v3>{});
@@ -126,32 +126,32 @@ TEST(Math, FastExpSpecialValues) {
 template <ExpAccuracy A>
 void expect_no_overflow_same_bits() {
   using vpce::impl::as_bits;
-  using vpce::impl::fast_exp_no_overflow;
+  auto no_overflow = [](float x) { return vpce::impl::fast_exp_no_overflow<A, Isa::build>(x); };
   std::uint64_t checked = 0;
   auto same_f = [&](float x) {
     ++checked;
-    return as_bits(fast_exp_no_overflow<A>(x)) == as_bits(fast_exp<A>(x));
+    return as_bits(no_overflow(x)) == as_bits(fast_exp<A>(x));
   };
   const std::uint32_t top = as_bits(89.0f);
   for (std::uint32_t b = 0x80000000u; b <= 0xff800000u; b += 61) ASSERT_TRUE(same_f(vpce::impl::from_bits(b))) << b;
   for (std::uint32_t b = 0; b <= top; b += 61) ASSERT_TRUE(same_f(vpce::impl::from_bits(b))) << b;
   EXPECT_GT(checked, 40000000u);
   const float inf = std::numeric_limits<float>::infinity();
-  EXPECT_EQ(fast_exp_no_overflow<A>(-inf), 0.0f);
-  EXPECT_EQ(fast_exp_no_overflow<A>(89.0f), fast_exp<A>(89.0f));
-  EXPECT_TRUE(std::isnan(fast_exp_no_overflow<A>(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_EQ(no_overflow(-inf), 0.0f);
+  EXPECT_EQ(no_overflow(89.0f), fast_exp<A>(89.0f));
+  EXPECT_TRUE(std::isnan(no_overflow(std::numeric_limits<float>::quiet_NaN())));
 }
 
 TEST(Math, FastExpNoOverflowSameBitsInRange) {
   using vpce::impl::as_bits;
-  using vpce::impl::fast_exp_no_overflow;
+  auto no_overflow = [](double x) { return vpce::impl::fast_exp_no_overflow<ExpAccuracy::full, Isa::build>(x); };
   expect_no_overflow_same_bits<ExpAccuracy::full>();
   expect_no_overflow_same_bits<ExpAccuracy::input16>();
   for (double x = -800.0; x <= 710.0; x += 1.37e-3) {
-    ASSERT_EQ(as_bits(fast_exp_no_overflow(x)), as_bits(fast_exp(x))) << x;
+    ASSERT_EQ(as_bits(no_overflow(x)), as_bits(fast_exp(x))) << x;
   }
-  EXPECT_EQ(fast_exp_no_overflow(-std::numeric_limits<double>::infinity()), 0.0);
-  EXPECT_TRUE(std::isnan(fast_exp_no_overflow(-std::numeric_limits<double>::quiet_NaN())));
+  EXPECT_EQ(no_overflow(-std::numeric_limits<double>::infinity()), 0.0);
+  EXPECT_TRUE(std::isnan(no_overflow(-std::numeric_limits<double>::quiet_NaN())));
 }
 
 // The table form of float's exp (exp_table_no_overflow, the exp per element of `full` on builds with
@@ -163,7 +163,7 @@ TEST(Math, ExpTableRelativeError) {
   float at = 0;
   auto check = [&](std::uint32_t bits) {
     const float x = vpce::impl::from_bits(bits);
-    const double ref = std::exp(double(x)), err = std::abs(double(exp_table_no_overflow(x)) - ref) / ref;
+    const double ref = std::exp(double(x)), err = std::abs(double(exp_table_no_overflow<Isa::build>(x)) - ref) / ref;
     if (err > worst) worst = err, at = x;
   };
   for (std::uint32_t b = 0x80000000u; b <= vpce::impl::as_bits(-86.98f); b += 61) check(b);
@@ -173,12 +173,12 @@ TEST(Math, ExpTableRelativeError) {
   // AVX-512 builds only (VPCE_EXP_TABLE), whose step is fused.
   EXPECT_LT(worst, VPCE_HOST_FMA ? 1.3e-7 : 1.4e-7) << "at x = " << at;
   const float inf = std::numeric_limits<float>::infinity();
-  EXPECT_EQ(exp_table_no_overflow(-inf), 0.0f);
-  EXPECT_EQ(exp_table_no_overflow(0.0f), 1.0f);
-  EXPECT_EQ(exp_table_no_overflow(std::nextafter(-86.98f, -inf)), 0.0f);
-  EXPECT_GE(exp_table_no_overflow(-86.98f), std::numeric_limits<float>::min());
-  EXPECT_TRUE(std::isnan(exp_table_no_overflow(std::numeric_limits<float>::quiet_NaN())));
-  EXPECT_TRUE(std::isnan(exp_table_no_overflow(-std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_EQ(exp_table_no_overflow<Isa::build>(-inf), 0.0f);
+  EXPECT_EQ(exp_table_no_overflow<Isa::build>(0.0f), 1.0f);
+  EXPECT_EQ(exp_table_no_overflow<Isa::build>(std::nextafter(-86.98f, -inf)), 0.0f);
+  EXPECT_GE(exp_table_no_overflow<Isa::build>(-86.98f), std::numeric_limits<float>::min());
+  EXPECT_TRUE(std::isnan(exp_table_no_overflow<Isa::build>(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_TRUE(std::isnan(exp_table_no_overflow<Isa::build>(-std::numeric_limits<float>::quiet_NaN())));
 }
 
 // The exps per element of the host's loops at each level (exp_per_element<A, L>: the table form and the one-step
@@ -259,9 +259,10 @@ TEST(Math, ExpLanesSameBitsAsPerElement) {
     expect_lanes_same_bits<ExpAccuracy::full, decltype(level)::value>();
     expect_lanes_same_bits<ExpAccuracy::input16, decltype(level)::value>();
   });
-  std::printf("[exp] float `full` exps per element in the table form: %s%s\n",
-              vpce::impl::exp_in_lanes<float, ExpAccuracy::full> ? "yes (VPCE_EXP_TABLE)" : "no (the polynomial)",
-              VPCE_HOST_CLONES ? "; in the run-time copies for AVX-512: yes" : "");
+  std::printf(
+      "[exp] float `full` exps per element in the table form: %s%s\n",
+      vpce::impl::exp_in_lanes<float, ExpAccuracy::full, Isa::build> ? "yes (VPCE_EXP_TABLE)" : "no (the polynomial)",
+      VPCE_HOST_CLONES ? "; in the run-time copies for AVX-512: yes" : "");
 }
 
 TEST(Math, FastTanh) {

@@ -236,7 +236,7 @@ struct SecondTerm<Second::weighted_x, T> {
 
 /// The host's policy: a row is one thread's vectorised loops, compiled for the instruction sets L (Isa,
 /// stream.hpp): those of the build, or of a copy that RowDriver picks at run time.
-template <Isa L = Isa::build>
+template <Isa L>
 struct HostInner {
   static constexpr Isa isa = L;
   template <class T, class F>
@@ -974,7 +974,7 @@ struct TeamInner {
     if (gx > a.m) merge_msh(a.m, a.s, a.h, gx, T(0), T(0), a.m, a.s, a.h);
     for (int u = 0; u < K; ++u) {
       const T d = xv[u] - a.m;
-      const T e = select(xv[u] == neg_inf<T>(), T(0), fast_exp_no_overflow<A>(d));
+      const T e = select(xv[u] == neg_inf<T>(), T(0), fast_exp_no_overflow<A, Isa::build>(d));
       a.s += e;
       if (entropy) a.h += select(e == T(0), T(0), e * d);
       if (sum_x) a.sx += weights != nullptr ? weights[j + u * nt] * xv[u] : xv[u];
@@ -1111,7 +1111,7 @@ struct RowDriver {
       case Isa::v4bf16:
         return row_at<Isa::v4bf16>(i);
       default:
-        f.row(HostInner<>{}, row0 + i);
+        f.row(HostInner<Isa::build>{}, row0 + i);
     }
   }
   /// Row i in the copy for L: compiled for its instruction sets, everything it calls inlined, with the host policy
@@ -1121,7 +1121,7 @@ struct RowDriver {
     Copy<L>::apart([&] { f.row(HostInner<L>{}, row0 + i); });
   }
 #else
-  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const { f.row(HostInner<>{}, row0 + i); }
+  KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const { f.row(HostInner<Isa::build>{}, row0 + i); }
 #endif
   template <class Member>
   KOKKOS_INLINE_FUNCTION void operator()(const Member& member) const {
@@ -1471,7 +1471,7 @@ class LocalSumGather {
       s = in.template sum<T>(m_a.n, [&](std::int64_t j) { return nan_or_zero(to_compute(x[j])); });
     } else {
       s = in.template sum<T>(m_a.n, [&](std::int64_t j) {
-        return fast_exp_no_overflow<exp_accuracy<S>>(p.template transform<Capped>(to_compute(x[j])) - m);
+        return fast_exp_no_overflow<exp_accuracy<S>, Inner::isa>(p.template transform<Capped>(to_compute(x[j])) - m);
       });
     }
     T sum_x = 0;
@@ -1486,7 +1486,7 @@ class LocalSumGather {
     if (p.entropy && m != neg_inf<T>() && !seed_max_is_marked(m)) {
       h = in.template sum<T>(m_a.n, [&](std::int64_t j) {
         const T u = p.template transform<Capped>(to_compute(x[j])) - m;
-        const T e = fast_exp_no_overflow<exp_accuracy<S>>(u);
+        const T e = fast_exp_no_overflow<exp_accuracy<S>, Inner::isa>(u);
         return select(e == T(0), T(0), e * u);
       });
     }
@@ -1831,7 +1831,8 @@ class Finalize {
   };
   KOKKOS_INLINE_FUNCTION ChunkK chunk_k(const Row& k, std::int64_t j) const {
     const Params<T>& p = m_a.p;
-    const T m_c = m_stored.chunk_max(k.i, j / chunk_cols), big_f = fast_exp_no_overflow(m_c - k.l);
+    const T m_c = m_stored.chunk_max(k.i, j / chunk_cols),
+            big_f = fast_exp_no_overflow<ExpAccuracy::full, Isa::build>(m_c - k.l);
     return ChunkK{big_f * k.kp * p.scale, big_f * k.gi * p.beta * p.scale, k.mu + (k.r.m - m_c), m_c};
   }
   /// f(term, smooth) for the columns from j0 on, column j0 + j's softmax part term(e, j, chunk constants) from

@@ -83,7 +83,7 @@ inline constexpr bool exp_table = L == Isa::build ? VPCE_EXP_TABLE != 0 : (VPCE_
 /// (+inf, a finite number or -0: callers that may pass such x discard the result). The overflow select is
 /// ~20% of the exp's time in a vectorised exp-and-sum loop. L: the level of the code it is inlined into
 /// (host_fma: input16's one-step reduction); called elsewhere, the same bits by a call of fmaf.
-template <ExpAccuracy A = ExpAccuracy::full, Isa L = Isa::build>
+template <ExpAccuracy A, Isa L>
 KOKKOS_FORCEINLINE_FUNCTION float fast_exp_no_overflow(float x) {
   constexpr float lo = -86.98f;         // n >= -125: 2^(n-1) is a normal number
   constexpr float magic = 12582912.0f;  // 1.5 * 2^23
@@ -130,7 +130,7 @@ KOKKOS_FORCEINLINE_FUNCTION float fast_exp_no_overflow(float x) {
 template <ExpAccuracy A = ExpAccuracy::full>
 KOKKOS_FORCEINLINE_FUNCTION float fast_exp(float x) {
   constexpr float hi = 89.0f;  // n <= 128: 2^(n-1) is finite (exp(88.73) already overflows)
-  return select(x > hi, from_bits(0x7f800000u), fast_exp_no_overflow<A>(x));
+  return select(x > hi, from_bits(0x7f800000u), fast_exp_no_overflow<A, Isa::build>(x));
 }
 
 /// 2^(k/16) for k = 0, ..., 15, rounded to float.
@@ -148,7 +148,7 @@ inline constexpr float exp2_sixteenths[16] = {
 /// (n <= 127), -inf and NaN it is exp(x), 0 and NaN; below lo 0;
 /// above 88 its result is unspecified (callers discard it, as fast_exp_no_overflow's above 89). L: as
 /// fast_exp_no_overflow's (host_fma: the last step fused).
-template <Isa L = Isa::build>
+template <Isa L>
 KOKKOS_FORCEINLINE_FUNCTION float exp_table_no_overflow(float x) {
   constexpr float lo = -86.98f;
   constexpr float magic = 12582912.0f;  // 1.5 * 2^23
@@ -172,7 +172,7 @@ KOKKOS_FORCEINLINE_FUNCTION float exp_table_no_overflow(float x) {
 }
 
 /// As for float, for x <= 710 (always `full`, at every level).
-template <ExpAccuracy = ExpAccuracy::full, Isa = Isa::build>
+template <ExpAccuracy, Isa>
 KOKKOS_FORCEINLINE_FUNCTION double fast_exp_no_overflow(double x) {
   constexpr double lo = -708.0;                 // n >= -1021
   constexpr double magic = 6755399441055744.0;  // 1.5 * 2^52
@@ -202,24 +202,25 @@ KOKKOS_FORCEINLINE_FUNCTION double fast_exp_no_overflow(double x) {
 template <ExpAccuracy = ExpAccuracy::full>
 KOKKOS_FORCEINLINE_FUNCTION double fast_exp(double x) {
   constexpr double hi = 710.0;  // n <= 1024
-  return select(x > hi, from_bits(std::uint64_t(0x7ff0000000000000u)), fast_exp_no_overflow(x));
+  return select(x > hi, from_bits(std::uint64_t(0x7ff0000000000000u)),
+                fast_exp_no_overflow<ExpAccuracy::full, Isa::build>(x));
 }
 
 /// The exp per element the host's hot loops at level L take for float with accuracy A: exp_table_no_overflow<L>
 /// for `full` where exp_table<L>, else fast_exp_no_overflow<A, L>. Double: fast_exp_no_overflow.
-template <ExpAccuracy A, Isa L = Isa::build>
+template <ExpAccuracy A, Isa L>
 KOKKOS_FORCEINLINE_FUNCTION float exp_per_element(float x) {
   if constexpr (A == ExpAccuracy::full && exp_table<L>) return exp_table_no_overflow<L>(x);
   return fast_exp_no_overflow<A, L>(x);
 }
-template <ExpAccuracy A, Isa L = Isa::build>
+template <ExpAccuracy A, Isa L>
 KOKKOS_FORCEINLINE_FUNCTION double exp_per_element(double x) {
-  return fast_exp_no_overflow(x);
+  return fast_exp_no_overflow<A, L>(x);
 }
 
 /// Whether exp_lanes16<A, L> over T is the table form in vector registers (a separate step of the loops that
 /// take it: HostInner::sums_max, HostInner::values), rather than an exp a vectorised loop inlines.
-template <class T, ExpAccuracy A, Isa L = Isa::build>
+template <class T, ExpAccuracy A, Isa L>
 inline constexpr bool exp_in_lanes = exp_table<L> ? (A == ExpAccuracy::full && std::is_same_v<T, float>) : false;
 
 #if VPCE_EXP_TABLE || VPCE_HOST_CLONES
@@ -250,7 +251,7 @@ KOKKOS_FORCEINLINE_FUNCTION VPCE_NEEDS("avx512f") void exp_table_lanes16(const f
 
 /// e[l] = exp_per_element<A, L>(u[l]) for l < 16, the same bits; where exp_in_lanes, exp_table_lanes16 (at a
 /// copy's level through Copy<L>).
-template <ExpAccuracy A, Isa L = Isa::build, class T>
+template <ExpAccuracy A, Isa L, class T>
 KOKKOS_FORCEINLINE_FUNCTION void exp_lanes16(const T (&u)[16], T (&e)[16]) {
   if constexpr (exp_in_lanes<T, A, L>) {
 #if VPCE_HOST_CLONES

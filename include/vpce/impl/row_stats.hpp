@@ -58,7 +58,7 @@ KOKKOS_INLINE_FUNCTION void merge_msh(T am, A as, A ah, T bm, A bs, A bh, T& m, 
     h = hh + A(0) * lh;
   } else {
     const T d = lm - hm;
-    const A e = A(fast_exp_no_overflow(d));
+    const A e = A(fast_exp_no_overflow<ExpAccuracy::full, Isa::build>(d));
     s = hs + ls * e;
     h = hh + (lh + A(d) * ls) * e;
   }

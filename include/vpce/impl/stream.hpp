@@ -268,7 +268,7 @@ struct Copy<Isa::v4bf16> {
 /// CPUs), and a 64-byte load of two 32-byte stores cannot be forwarded from them and stalls (measured: 52% of
 /// the bfloat16 Finalize's samples on that load, AVX-512 Xeon). The two streaming stores fill one line of the
 /// write-combining buffer, as one 64-byte store would. L: the level's instructions (Isa).
-template <bool Whole = false, Isa L = Isa::build>
+template <bool Whole, Isa L>
 KOKKOS_FORCEINLINE_FUNCTION void stream_line(void* dst, const void* src) {
 #if VPCE_HOST_CLONES
   if constexpr (L != Isa::build) {
@@ -312,14 +312,14 @@ KOKKOS_INLINE_FUNCTION void stream_copy(void* dst, const void* src, std::size_t 
   const std::size_t head = bytes < to_line ? bytes : to_line;  // not std::min: a host function for nvcc
   std::memcpy(d, s, head);
   std::size_t k = head;
-  for (; k + 64 <= bytes; k += 64) stream_line(d + k, s + k);
+  for (; k + 64 <= bytes; k += 64) stream_line<false, Isa::build>(d + k, s + k);
   std::memcpy(d + k, s + k, bytes - k);
   stream_fence();
 }
 
 /// Whether round_line_hw<G, L> has instructions for G: at Isa::build where the build targets them, in the copies
 /// always (F16C, AVX2).
-template <class G, Isa L = Isa::build>
+template <class G, Isa L>
 inline constexpr bool have_round_line_hw = L != Isa::build ? (VPCE_HOST_CLONES != 0 && is_16bit_v<G>)
                                            : std::is_same_v<G, bfloat16>
                                                ? (VPCE_HW_ROUND_BFLOAT16 != 0 || VPCE_INT_ROUND_BFLOAT16 != 0)
@@ -327,7 +327,7 @@ inline constexpr bool have_round_line_hw = L != Isa::build ? (VPCE_HOST_CLONES !
 
 /// Whether round_line_hw<G, L> forms a line of G in ONE 512-bit register (stream_line<true> may then write it):
 /// with VPCE_WHOLE_16BIT_LINES at Isa::build, in the copy for AVX512-BF16 (512-bit registers).
-template <class G, Isa L = Isa::build>
+template <class G, Isa L>
 inline constexpr bool round_line_whole = have_round_line_hw<G, L> &&
                                          (L == Isa::build ? VPCE_WHOLE_16BIT_LINES != 0 : L == Isa::v4bf16);
 
@@ -341,14 +341,14 @@ inline constexpr bool round_line_whole = have_round_line_hw<G, L> &&
 /// the rounding is ~10 (bfloat16) to ~20 (float16) integer operations per vector. Without AVX512-BF16,
 /// bfloat16(float)'s integer steps written in AVX2's or AVX-512's instructions (round_bfloat16_int): the same
 /// bits for every float, every line rounded here.
-template <class G, Isa L = Isa::build>
+template <class G, Isa L>
 KOKKOS_FORCEINLINE_FUNCTION bool round_line_hw(G* line, const float* f) {
   static_assert(is_16bit_v<G>, "a 16-bit type");
 #if VPCE_HOST_CLONES
   if constexpr (L != Isa::build) return Copy<L>::round_line(line, f);
 #endif
 #if VPCE_WHOLE_16BIT_LINES && (VPCE_HW_ROUND_BFLOAT16 || VPCE_HW_ROUND_FLOAT16 || VPCE_INT_ROUND_BFLOAT16)
-  if constexpr (have_round_line_hw<G>) return round_line_512<G, VPCE_HW_ROUND_BFLOAT16 != 0>(line, f);
+  if constexpr (have_round_line_hw<G, Isa::build>) return round_line_512<G, VPCE_HW_ROUND_BFLOAT16 != 0>(line, f);
 #elif VPCE_HW_ROUND_BFLOAT16 || VPCE_HW_ROUND_FLOAT16 || VPCE_INT_ROUND_BFLOAT16
 #if VPCE_HW_ROUND_BFLOAT16
   if constexpr (std::is_same_v<G, bfloat16>) {
@@ -367,7 +367,7 @@ KOKKOS_FORCEINLINE_FUNCTION bool round_line_hw(G* line, const float* f) {
     return true;
   }
 #endif
-  if constexpr (have_round_line_hw<G>) return round_line_256(line, f);
+  if constexpr (have_round_line_hw<G, Isa::build>) return round_line_256(line, f);
 #endif
   (void)line;
   (void)f;
@@ -376,7 +376,7 @@ KOKKOS_FORCEINLINE_FUNCTION bool round_line_hw(G* line, const float* f) {
 
 /// Whether widen16_hw<L> has instructions for S: F16C's vcvtph2ps for float16 (every x86-64-v3 CPU), at
 /// Isa::build where the build targets it, in the copies always.
-template <class S, Isa L = Isa::build>
+template <class S, Isa L>
 inline constexpr bool have_widen_hw = std::is_same_v<S, float16> &&
                                       (L == Isa::build ? VPCE_HW_ROUND_FLOAT16 != 0 : VPCE_HOST_CLONES != 0);
 
@@ -384,7 +384,7 @@ inline constexpr bool have_widen_hw = std::is_same_v<S, float16> &&
 /// where 16 values in software take ~10 integer operations per vector (float16's operator float); elsewhere
 /// that. The same bits as float(float16) for every pattern but a signalling NaN, which the instruction quiets
 /// (a NaN all the same, and quieted by the first operation on it in either form; test_math checks all 65536).
-template <Isa L = Isa::build>
+template <Isa L>
 KOKKOS_FORCEINLINE_FUNCTION void widen16_hw(const float16* x, float* f) {
 #if VPCE_HOST_CLONES
   if constexpr (L != Isa::build) return Copy<L>::widen16(x, f);
