@@ -5,12 +5,15 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <vpce/impl/isa.hpp>
 
 namespace {
 
 __attribute__((constructor(101))) void require_isa() {
-  __builtin_cpu_init();
-  if (!__builtin_cpu_supports(VPCE_TEST_ISA)) {
+  using vpce::impl::Isa;
+  const Isa level = std::strcmp(VPCE_TEST_ISA, "x86-64-v4") == 0 ? Isa::v4 : Isa::v3;
+  if (vpce::impl::cpu_level() < level) {
     std::printf("this CPU is not %s: skipped\n", VPCE_TEST_ISA);
     std::fflush(stdout);
     std::_Exit(77);

@@ -35,11 +35,10 @@ template <class F>
 void for_each_level(const F& f) {
   f(std::integral_constant<Isa, Isa::build>{});
 #if VPCE_HOST_CLONES
-  if (__builtin_cpu_supports("x86-64-v3")) f(std::integral_constant<Isa, Isa::v3>{});
-  if (__builtin_cpu_supports("x86-64-v4")) f(std::integral_constant<Isa, Isa::v4>{});
-  if (__builtin_cpu_supports("x86-64-v4") && __builtin_cpu_supports("avx512bf16")) {
-    f(std::integral_constant<Isa, Isa::v4bf16>{});
-  }
+  const Isa cpu = vpce::impl::cpu_level();
+  if (cpu >= Isa::v3) f(std::integral_constant<Isa, Isa::v3>{});
+  if (cpu >= Isa::v4) f(std::integral_constant<Isa, Isa::v4>{});
+  if (cpu >= Isa::v4bf16) f(std::integral_constant<Isa, Isa::v4bf16>{});
 #endif
 }
 
@@ -262,7 +261,9 @@ TEST(Math, ExpLanesSameBitsAsPerElement) {
   std::printf(
       "[exp] float `full` exps per element in the table form: %s%s\n",
       vpce::impl::exp_in_lanes<float, ExpAccuracy::full, Isa::build> ? "yes (VPCE_EXP_TABLE)" : "no (the polynomial)",
-      VPCE_HOST_CLONES ? "; in the run-time copies for AVX-512: yes" : "");
+      !VPCE_HOST_CLONES                                             ? ""
+      : vpce::impl::exp_in_lanes<float, ExpAccuracy::full, Isa::v4> ? "; in the run-time copies for AVX-512: yes"
+                                                                    : "; in the run-time copies for AVX-512: no");
 }
 
 TEST(Math, FastTanh) {

@@ -13,9 +13,14 @@
 // level the CPU has (host_level: one branch per row, RowDriver in kernels.hpp). Each copy runs the row with the
 // host policy of its level (HostInner<L>), whose paths in intrinsics are the helpers of Copy<L> (stream.hpp),
 // with the copy's own target attribute. -DVPCE_NO_HOST_CLONES turns the copies off.
-#if defined(__GNUC__) && !defined(__clang__) && !defined(__INTEL_COMPILER) && !defined(__INTEL_LLVM_COMPILER) &&  \
-    __GNUC__ >= 12 && defined(__x86_64__) && !defined(__AVX2__) && !defined(__CUDACC__) && !defined(__HIPCC__) && \
-    !defined(__SYCL_DEVICE_ONLY__) && !defined(VPCE_NO_HOST_CLONES)
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__INTEL_COMPILER) && !defined(__INTEL_LLVM_COMPILER) && \
+    __GNUC__ >= 11 && defined(__x86_64__) && !defined(__CUDACC__) && !defined(__HIPCC__) &&                      \
+    !defined(__SYCL_DEVICE_ONLY__)
+#define VPCE_X86_LEVELS 1  // cpu_level() below: GCC 11 and later on x86-64 (the -march names x86-64-v3, v4)
+#else
+#define VPCE_X86_LEVELS 0
+#endif
+#if VPCE_X86_LEVELS && !defined(__AVX2__) && !defined(VPCE_NO_HOST_CLONES)
 #define VPCE_HOST_CLONES 1
 #define VPCE_TARGET_V3 "arch=x86-64-v3"
 #define VPCE_TARGET_V4 "arch=x86-64-v4"
@@ -40,6 +45,27 @@ namespace vpce::impl {
 /// Zen 4); their paths in intrinsics are Copy<L>'s.
 enum class Isa { build, v3, v4, v4bf16 };
 
+#if VPCE_X86_LEVELS
+/// The highest level this CPU has (Isa::build where it is below x86-64-v3), by the levels' features:
+/// x86-64-v3 is AVX2, FMA, F16C, BMI1, BMI2, LZCNT and MOVBE (with AVX, XSAVE and x86-64-v2's, which they
+/// imply on every CPU), x86-64-v4 adds AVX-512 F, BW, CD, DQ and VL, v4bf16 AVX512-BF16. GCC's
+/// __builtin_cpu_supports counts a feature whose registers the OS does not save as absent. (The level names
+/// came with GCC 12; the features' with GCC 11.)
+inline Isa cpu_level() {
+  __builtin_cpu_init();
+  if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
+        __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("lzcnt") &&
+        __builtin_cpu_supports("movbe"))) {
+    return Isa::build;
+  }
+  if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512cd") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))) {
+    return Isa::v3;
+  }
+  return __builtin_cpu_supports("avx512bf16") ? Isa::v4bf16 : Isa::v4;
+}
+#endif
+
 #if VPCE_HOST_CLONES
 /// The helpers of the copy at level L (stream.hpp): each with the copy's own target attribute.
 template <Isa L>
@@ -50,10 +76,7 @@ struct Copy;
 /// another value is ignored, with a warning on stderr). Read once per process.
 inline Isa host_level() {
   static const Isa level = [] {
-    __builtin_cpu_init();
-    Isa l = Isa::build;
-    if (__builtin_cpu_supports("x86-64-v3")) l = Isa::v3;
-    if (__builtin_cpu_supports("x86-64-v4")) l = __builtin_cpu_supports("avx512bf16") ? Isa::v4bf16 : Isa::v4;
+    Isa l = cpu_level();
     if (const char* cap = std::getenv("VPCE_HOST_COPY")) {
       constexpr const char* names[] = {"baseline", "x86-64-v3", "x86-64-v4", "x86-64-v4-bf16"};
       int k = 0;

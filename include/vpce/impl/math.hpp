@@ -13,12 +13,12 @@
 /// flushed), x > hi gives +inf. Largest relative error over [lo, ln(max)] (unit_tests/test_math.cpp): 1.0e-7 for float
 /// (every 7th float: 8.8e-8), 3.1e-6 for float with ExpAccuracy::input16 (2.9e-6 without FMA), 1.8e-16 for double.
 ///
-/// Where GCC builds for AVX-512 (VPCE_EXP_TABLE), and in the copies of the row loops for AVX-512 that a build for
-/// no CPU in particular runs (Isa, isa.hpp; exp_table), the host's hot loops take float's `full` exps per element
-/// in a table form instead (exp_table_no_overflow: 2^(k/16) from a 16-entry table held in a register, a degree-3
-/// polynomial on |r| <= ln2/32; 1.2e-7), 16 at a time in GCC's vector extensions (exp_lanes16): the exp-and-sum
-/// loop 16% faster, the fp32 forward 13% in cache on an AMD Zen 5 (perf_tests/NOTES.md, issue 12, twenty-second
-/// round). On AVX2 the table's two permutes and blend per 8 lanes cost what it saves, on SSE4.2 more.
+/// Where GCC 12 or later builds for AVX-512 (VPCE_EXP_TABLE), and in its copies of the row loops for AVX-512 that a
+/// build for no CPU in particular runs (Isa, isa.hpp; exp_table), the host's hot loops take float's `full` exps per
+/// element in a table form instead (exp_table_no_overflow: 2^(k/16) from a 16-entry table held in a register, a
+/// degree-3 polynomial on |r| <= ln2/32; 1.2e-7), 16 at a time in GCC's vector extensions (exp_lanes16): the
+/// exp-and-sum loop 16% faster, the fp32 forward 13% in cache on an AMD Zen 5 (perf_tests/NOTES.md, issue 12,
+/// twenty-second round). On AVX2 the table's two permutes and blend per 8 lanes cost what it saves, on SSE4.2 more.
 ///
 /// The range checks are integer selects (bits.hpp), not branches: GCC vectorises the loops for SSE4.2 and
 /// AVX2 as well as AVX-512, under the default -ftrapping-math (checked by the vpce_vectorized test).
@@ -45,9 +45,19 @@
 // Whether float's `full` exps per element take the 16-entry table form (exp_table_no_overflow): host code compiled
 // by GCC for AVX-512, where one vpermps reads the table from a register (exp_lanes16). Elsewhere the table costs
 // what it saves (AVX2: two permutes and a blend per 8 lanes, measured even) or more (SSE4.2 +12%; NEON and Clang
-// have no variable two-register shuffle of GCC's form), and the polynomial stays. nvcc's front end is kept out.
+// have no variable two-register shuffle of GCC's form), and the polynomial stays. GCC 12 or later: GCC 11 keeps
+// the 16 lanes' partial sums and maxima of the loops around the table's vector form (HostInner::sums_max) on the
+// stack, a store and a reload per 16 columns, and in registers around the polynomial (its run-time copies on a
+// Zen 4, rows in L3: fp32 `loss_and_grad` 2.34 -> 1.87 ms and forward 1.26 -> 1.03 with the polynomial, the
+// backward 0.89 -> 1.13; GCC 12 with the table 1.83, 0.88, 0.89; perf_tests/NOTES.md, issue 12, thirty-fourth
+// round). nvcc's front end is kept out.
 #if defined(__GNUC__) && !defined(__clang__) && !defined(__INTEL_COMPILER) && !defined(__INTEL_LLVM_COMPILER) && \
-    defined(__AVX512F__) && !defined(__CUDACC__) && !defined(__HIPCC__) && !defined(__SYCL_DEVICE_ONLY__)
+    __GNUC__ >= 12 && !defined(__CUDACC__) && !defined(__HIPCC__) && !defined(__SYCL_DEVICE_ONLY__)
+#define VPCE_EXP_TABLE_COMPILER 1  // the compiler, whatever the instruction set (the copies: exp_table)
+#else
+#define VPCE_EXP_TABLE_COMPILER 0
+#endif
+#if VPCE_EXP_TABLE_COMPILER && defined(__AVX512F__)
 #define VPCE_EXP_TABLE 1
 #include <immintrin.h>
 #else
@@ -73,10 +83,12 @@ template <Isa L>
 inline constexpr bool host_fma = L == Isa::build ? VPCE_HOST_FMA != 0 : VPCE_HOST_CLONES != 0;
 
 /// Whether float's `full` exps per element at level L take the table form (exp_table_no_overflow, 16 at a time
-/// by exp_table_lanes16): at Isa::build where VPCE_EXP_TABLE, in the copies for AVX-512 (those for AVX2 keep the
-/// polynomial, as AVX2 builds do).
+/// by exp_table_lanes16): at Isa::build where VPCE_EXP_TABLE, in the copies for AVX-512 where the compiler
+/// takes it (those for AVX2 keep the polynomial, as AVX2 builds do).
 template <Isa L>
-inline constexpr bool exp_table = L == Isa::build ? VPCE_EXP_TABLE != 0 : (VPCE_HOST_CLONES != 0 && L >= Isa::v4);
+inline constexpr bool exp_table = L == Isa::build
+                                      ? VPCE_EXP_TABLE != 0
+                                      : (VPCE_HOST_CLONES != 0 && VPCE_EXP_TABLE_COMPILER != 0 && L >= Isa::v4);
 
 /// fast_exp without its overflow check, for arguments that cannot overflow: x - max, x - lse, the difference
 /// of two maxima. For x <= 89 and for -inf and NaN it gives fast_exp's bits; above, its result is unspecified
