@@ -49,8 +49,8 @@ enum class Isa { build, v3, v4, v4bf16 };
 /// The highest level this CPU has (Isa::build where it is below x86-64-v3), by the levels' features:
 /// x86-64-v3 is AVX2, FMA, F16C, BMI1, BMI2, LZCNT and MOVBE (with AVX, XSAVE and x86-64-v2's, which they
 /// imply on every CPU), x86-64-v4 adds AVX-512 F, BW, CD, DQ and VL, v4bf16 AVX512-BF16. GCC's
-/// __builtin_cpu_supports counts a feature whose registers the OS does not save as absent. (The level names
-/// came with GCC 12; the features' with GCC 11.)
+/// __builtin_cpu_supports counts a feature whose registers the OS does not save as absent. (Its level names
+/// came with GCC 12; GCC 11 is the floor for the copies' target attributes, arch=x86-64-v3 and v4.)
 inline Isa cpu_level() {
   __builtin_cpu_init();
   if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
