@@ -50,9 +50,8 @@
 // stack, a store and a reload per 16 columns, and in registers around the polynomial (its run-time copies on a
 // Zen 4, rows in L3: fp32 `loss_and_grad` 2.34 -> 1.87 ms and forward 1.26 -> 1.03 with the polynomial, the
 // backward 0.89 -> 1.13; GCC 12 with the table 1.83, 0.88, 0.89; perf_tests/NOTES.md, issue 12, thirty-fourth
-// round). nvcc's front end is kept out.
-#if defined(__GNUC__) && !defined(__clang__) && !defined(__INTEL_COMPILER) && !defined(__INTEL_LLVM_COMPILER) && \
-    __GNUC__ >= 12 && !defined(__CUDACC__) && !defined(__HIPCC__) && !defined(__SYCL_DEVICE_ONLY__)
+// round). GCC's host code on x86-64 only (VPCE_X86_LEVELS, isa.hpp: no device compiler, no Clang).
+#if VPCE_X86_LEVELS && __GNUC__ >= 12
 #define VPCE_EXP_TABLE_COMPILER 1  // the compiler, whatever the instruction set (the copies: exp_table)
 #else
 #define VPCE_EXP_TABLE_COMPILER 0
