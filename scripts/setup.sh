@@ -19,14 +19,18 @@
 #                   Kernels from the same Debian source built for CUDA (Kokkos_ARCH_AMPERE80, CUDA + Serial; four
 #                   call sites edited for CUDA 13, cuda13_edits below), vpce compiled by its nvcc_wrapper. Any
 #                   compiler warning fails it. Not with VPCE_MPI=mpich or VPCE_SANITIZE=1.
-#   VPCE_BUILD      build folder (default: <clone>/build, or build-asan, build-mpich, build-mpich-asan, build-cuda)
+#   VPCE_COMPILER   gcc (default: the system's c++, GCC on Debian) or clang: Debian's clang++ (with libomp-dev for
+#                   <omp.h>, installed when missing), against the same Kokkos built by GCC. Not with VPCE_MPI=mpich,
+#                   VPCE_SANITIZE=1 or VPCE_CUDA=1.
+#   VPCE_BUILD      build folder (default: <clone>/build, or build-asan, build-mpich, build-mpich-asan, build-cuda,
+#                   build-clang)
 #   VPCE_BUILD_TYPE CMake build type (default: Release; Debug with VPCE_SANITIZE=1)
 #   VPCE_CMAKE_ARGS extra arguments for vpce's CMake configure (default: -DVPCE_ENABLE_NATIVE=ON, the
 #                   kernels compiled for this machine's CPU; the build folder is never shared between machines)
 # The Python package (python/) is built against a virtual environment in $VPCE_CACHE/python-env-*: Debian's
 # python3 with its packages (numpy, mpi4py, pytest, torch) plus nanobind and scikit-build-core from PyPI. Not
 # with VPCE_MPI=mpich (Debian's mpi4py is built on OpenMPI), VPCE_SANITIZE=1 (Python itself is not
-# instrumented) nor VPCE_CUDA=1.
+# instrumented), VPCE_CUDA=1 nor VPCE_COMPILER=clang.
 # Source it (scripts/demo.sh and scripts/test.sh do) or run it.
 set -euo pipefail
 
@@ -35,9 +39,14 @@ VPCE_CACHE=${VPCE_CACHE:-${HOME:-/root}/.cache/vpce}
 VPCE_MPI=${VPCE_MPI:-openmpi}
 VPCE_SANITIZE=${VPCE_SANITIZE:-0}
 VPCE_CUDA=${VPCE_CUDA:-0}
+VPCE_COMPILER=${VPCE_COMPILER:-gcc}
 case "$VPCE_MPI" in openmpi|mpich) ;; *) echo "[vpce setup] VPCE_MPI must be openmpi or mpich" >&2; exit 2 ;; esac
 case "$VPCE_SANITIZE" in 0|1) ;; *) echo "[vpce setup] VPCE_SANITIZE must be 0 or 1" >&2; exit 2 ;; esac
 case "$VPCE_CUDA" in 0|1) ;; *) echo "[vpce setup] VPCE_CUDA must be 0 or 1" >&2; exit 2 ;; esac
+case "$VPCE_COMPILER" in gcc|clang) ;; *) echo "[vpce setup] VPCE_COMPILER must be gcc or clang" >&2; exit 2 ;; esac
+if [ "$VPCE_COMPILER" = clang ] && { [ "$VPCE_MPI" != openmpi ] || [ "$VPCE_SANITIZE" = 1 ] || [ "$VPCE_CUDA" = 1 ]; }; then
+  echo "[vpce setup] VPCE_COMPILER=clang goes with neither VPCE_MPI=mpich, VPCE_SANITIZE=1 nor VPCE_CUDA=1" >&2; exit 2
+fi
 if [ "$VPCE_CUDA" = 1 ] && { [ "$VPCE_MPI" != openmpi ] || [ "$VPCE_SANITIZE" = 1 ]; }; then
   echo "[vpce setup] VPCE_CUDA=1 goes with neither VPCE_MPI=mpich nor VPCE_SANITIZE=1" >&2; exit 2
 fi
@@ -45,6 +54,7 @@ _vpce_suffix=
 [ "$VPCE_MPI" = openmpi ] || _vpce_suffix+=-$VPCE_MPI
 [ "$VPCE_SANITIZE" = 0 ] || _vpce_suffix+=-asan
 [ "$VPCE_CUDA" = 0 ] || _vpce_suffix+=-cuda
+[ "$VPCE_COMPILER" = gcc ] || _vpce_suffix+=-clang
 VPCE_BUILD=${VPCE_BUILD:-$VPCE_SRC/build$_vpce_suffix}
 VPCE_BUILD_TYPE=${VPCE_BUILD_TYPE:-$([ "$VPCE_SANITIZE" = 1 ] && echo Debug || echo Release)}
 JOBS=${JOBS:-$(nproc)}
@@ -68,6 +78,7 @@ install_packages() {
               ccache  # compiler cache in $VPCE_CACHE/ccache: repeated builds (CI on an unchanged tree) are fast
               python3-dev python3-venv python3-mpi4py python3-pytest python3-torch)  # the Python package, its tests
   [ "$VPCE_MPI" = mpich ] && pkgs+=(libmpich-dev mpich libhdf5-mpich-dev)
+  [ "$VPCE_COMPILER" = clang ] && pkgs+=(libomp-dev)  # <omp.h> for Kokkos' OpenMP headers under clang++
   local missing=()
   for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -208,7 +219,7 @@ python_env() {
 
 configure_vpce() {
   local args=(-DCMAKE_BUILD_TYPE="$VPCE_BUILD_TYPE")
-  if [ "$VPCE_MPI" = mpich ] || [ "$VPCE_SANITIZE" = 1 ] || [ "$VPCE_CUDA" = 1 ]; then
+  if [ "$VPCE_MPI" = mpich ] || [ "$VPCE_SANITIZE" = 1 ] || [ "$VPCE_CUDA" = 1 ] || [ "$VPCE_COMPILER" = clang ]; then
     args+=(-DVPCE_ENABLE_PYTHON=OFF)
   else
     args+=(-DVPCE_ENABLE_PYTHON=ON -DPython_EXECUTABLE="$PYTHON_ENV/bin/python")
@@ -225,6 +236,7 @@ configure_vpce() {
            -DHDF5_C_COMPILER_EXECUTABLE=/usr/bin/h5pcc.mpich)
   fi
   [ "$VPCE_CUDA" = 1 ] && args+=(-DCMAKE_CXX_COMPILER="${Kokkos_ROOT:-$KOKKOS_PREFIX}/bin/nvcc_wrapper")
+  [ "$VPCE_COMPILER" = clang ] && args+=(-DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang)
   if [ "$VPCE_SANITIZE" = 1 ]; then
     args+=(-DCMAKE_CXX_COMPILER=g++ -DCMAKE_C_COMPILER=gcc -DCMAKE_Fortran_COMPILER=gfortran
            "-DCMAKE_CXX_FLAGS=$VPCE_SANITIZE_FLAGS" "-DCMAKE_C_FLAGS=$VPCE_SANITIZE_FLAGS"
@@ -288,7 +300,7 @@ fi
 install_packages
 [ "$VPCE_CUDA" = 0 ] || cuda_toolchain
 [ -n "${Kokkos_ROOT:-}" ] || build_kokkos
-[ "$VPCE_MPI" = mpich ] || [ "$VPCE_SANITIZE" = 1 ] || [ "$VPCE_CUDA" = 1 ] || python_env
+[ "$VPCE_MPI" = mpich ] || [ "$VPCE_SANITIZE" = 1 ] || [ "$VPCE_CUDA" = 1 ] || [ "$VPCE_COMPILER" = clang ] || python_env
 configure_vpce
 if [ "$VPCE_SANITIZE" = 1 ]; then
   # After Kokkos' build (never instrumented): what the tests build against the installed package (the

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds Kokkos (cached) and vpce, then runs the test suite through CTest in
-# three configurations and compiles a fourth, each in its own build folder (by default all four, in this
+# four configurations and compiles a fifth, each in its own build folder (by default all five, in this
 # order):
 #
 #   default  OpenMPI, Release, -march=native: every test.                                          build/
@@ -17,6 +17,10 @@
 #            and 2 ranks and loss at 3 (not faults, nor linear at 2:
 #            they kill a rank, see below); examples (C at 3 ranks); install test; GPU-aware path;
 #            determinism at 2 ranks.
+#   clang    Debian's clang++ (setup.sh's VPCE_COMPILER=clang), OpenMPI, Release, -march=native: the      build-clang/
+#            library and the unit tests only, run at 1 and 2 ranks (their Math suite once). The kernels'
+#            loops as Clang compiles them: its `omp simd reduction(max)` started at -FLT_MAX, so a row of
+#            -inf logits passed unreported in Clang builds until this configuration ran them.
 #   cuda     setup.sh's VPCE_CUDA=1: the whole tree (library, LinearCrossEntropy, tests, tool,          build-cuda/
 #            examples, benchmark) compiled for CUDA by NVIDIA's nvcc 13 from PyPI against Kokkos 3.4.01
 #            built for CUDA (sm_80), Debug; any compiler warning fails it. Nothing runs: no GPU here.
@@ -26,8 +30,8 @@
 #   but the Python package. VPCE_TEST_FULL=1 builds and runs every test in every configuration.
 #
 # Usage: scripts/test.sh [--config NAME]... [extra ctest arguments, passed to every configuration]
-#   --config NAME   run only these configurations (repeatable; NAME: default, asan, mpich, cuda, all). The
-#                   environment variable VPCE_TEST_CONFIGS="default asan mpich cuda" does the same.
+#   --config NAME   run only these configurations (repeatable; NAME: default, asan, mpich, clang, cuda, all).
+#                   The environment variable VPCE_TEST_CONFIGS="default asan mpich clang cuda" does the same.
 #                   A developer's quick run: scripts/test.sh --config default
 # VPCE_BUILD, when set, is the default configuration's folder; the others get -asan, -mpich appended.
 # Every configuration runs even when one fails; the exit status is non-zero when any failed, and a summary
@@ -48,7 +52,7 @@ if [ ${#configs[@]} -eq 0 ]; then
   # shellcheck disable=SC2206
   configs=(${VPCE_TEST_CONFIGS:-all})
 fi
-[[ " ${configs[*]} " == *" all "* ]] && configs=(default asan mpich cuda)
+[[ " ${configs[*]} " == *" all "* ]] && configs=(default asan mpich clang cuda)
 
 base_build=${VPCE_BUILD:-$VPCE_SRC/build}
 extra_cmake_args="${VPCE_CMAKE_ARGS:--DVPCE_ENABLE_NATIVE=ON} -DVPCE_ENABLE_BENCHMARKS=OFF"
@@ -75,6 +79,10 @@ asan_cmake_args="$extra_cmake_args -DVPCE_ENABLE_DETERMINISM_TESTS=OFF -DVPCE_EN
 # (impl/isa.hpp, VPCE_HOST_CLONES) run their tests in CI: the CPU's own, and the unit tests again at each lower
 # level (vpce_unit_copy_*; the vectorisation check reads their object code).
 mpich_cmake_args="${VPCE_CMAKE_ARGS:--DVPCE_ENABLE_NATIVE=OFF} -DVPCE_ENABLE_BENCHMARKS=OFF -DVPCE_ENABLE_ISA_TESTS=OFF"
+# Clang's: the library and the unit tests (what differs between compilers is the kernels' code), no more.
+clang_cmake_args="${VPCE_CMAKE_ARGS:--DVPCE_ENABLE_NATIVE=ON} -DVPCE_ENABLE_BENCHMARKS=OFF -DVPCE_ENABLE_TOOL=OFF"
+clang_cmake_args+=" -DVPCE_ENABLE_EXAMPLES=OFF -DVPCE_ENABLE_DETERMINISM_TESTS=OFF -DVPCE_ENABLE_ISA_TESTS=OFF"
+clang_only='^vpce_unit_(np1|np2|math_np1)$'
 if [ "${VPCE_TEST_FULL:-0}" = 1 ]; then
   asan_cmake_args=$extra_cmake_args mpich_cmake_args="${mpich_cmake_args% -DVPCE_ENABLE_ISA_TESTS=OFF}"
 fi
@@ -87,19 +95,25 @@ run_config() {  # name
     set -euo pipefail
     skip=()
     case "$name" in
-      default) export VPCE_MPI=openmpi VPCE_SANITIZE=0 VPCE_CUDA=0 VPCE_BUILD=$base_build ;;
+      default) export VPCE_MPI=openmpi VPCE_SANITIZE=0 VPCE_CUDA=0 VPCE_COMPILER=gcc VPCE_BUILD=$base_build ;;
       asan)
-        export VPCE_MPI=openmpi VPCE_SANITIZE=1 VPCE_CUDA=0 VPCE_BUILD=$base_build-asan VPCE_CMAKE_ARGS=$asan_cmake_args
+        export VPCE_MPI=openmpi VPCE_SANITIZE=1 VPCE_CUDA=0 VPCE_COMPILER=gcc VPCE_BUILD=$base_build-asan
+        export VPCE_CMAKE_ARGS=$asan_cmake_args
         skip=(-E "$asan_skip") ;;
       mpich)
-        export VPCE_MPI=mpich VPCE_SANITIZE=0 VPCE_CUDA=0 VPCE_BUILD=$base_build-mpich VPCE_CMAKE_ARGS=$mpich_cmake_args
+        export VPCE_MPI=mpich VPCE_SANITIZE=0 VPCE_CUDA=0 VPCE_COMPILER=gcc VPCE_BUILD=$base_build-mpich
+        export VPCE_CMAKE_ARGS=$mpich_cmake_args
         export VPCE_BUILD_TYPE=${VPCE_BUILD_TYPE:-Debug}
         skip=(-E "$mpich_skip") ;;
       cuda)
         # Debug: the host side at -O0 (the device code is optimised either way), a quarter less compile time.
-        export VPCE_MPI=openmpi VPCE_SANITIZE=0 VPCE_CUDA=1 VPCE_BUILD=$base_build-cuda
+        export VPCE_MPI=openmpi VPCE_SANITIZE=0 VPCE_CUDA=1 VPCE_COMPILER=gcc VPCE_BUILD=$base_build-cuda
         export VPCE_BUILD_TYPE=${VPCE_BUILD_TYPE:-Debug} ;;
-      *) echo "[vpce test] unknown configuration '$name' (default, asan, mpich, cuda, all)" >&2; exit 2 ;;
+      clang)
+        export VPCE_MPI=openmpi VPCE_SANITIZE=0 VPCE_CUDA=0 VPCE_COMPILER=clang VPCE_BUILD=$base_build-clang
+        export VPCE_CMAKE_ARGS=$clang_cmake_args
+        skip=(-R "$clang_only") ;;
+      *) echo "[vpce test] unknown configuration '$name' (default, asan, mpich, clang, cuda, all)" >&2; exit 2 ;;
     esac
     [ "${VPCE_TEST_FULL:-0}" = 1 ] && skip=()
     # shellcheck source=scripts/setup.sh
