@@ -236,7 +236,7 @@ configure_vpce() {
            -DHDF5_C_COMPILER_EXECUTABLE=/usr/bin/h5pcc.mpich)
   fi
   [ "$VPCE_CUDA" = 1 ] && args+=(-DCMAKE_CXX_COMPILER="${Kokkos_ROOT:-$KOKKOS_PREFIX}/bin/nvcc_wrapper")
-  [ "$VPCE_COMPILER" = clang ] && args+=(-DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang)
+  [ "$VPCE_COMPILER" = clang ] && args+=(-DCMAKE_CXX_COMPILER=clang++)  # C (the examples) stays GCC's
   if [ "$VPCE_SANITIZE" = 1 ]; then
     args+=(-DCMAKE_CXX_COMPILER=g++ -DCMAKE_C_COMPILER=gcc -DCMAKE_Fortran_COMPILER=gfortran
            "-DCMAKE_CXX_FLAGS=$VPCE_SANITIZE_FLAGS" "-DCMAKE_C_FLAGS=$VPCE_SANITIZE_FLAGS"
