@@ -33,7 +33,7 @@
 #   --config NAME   run only these configurations (repeatable; NAME: default, asan, mpich, clang, cuda, all).
 #                   The environment variable VPCE_TEST_CONFIGS="default asan mpich clang cuda" does the same.
 #                   A developer's quick run: scripts/test.sh --config default
-# VPCE_BUILD, when set, is the default configuration's folder; the others get -asan, -mpich appended.
+# VPCE_BUILD, when set, is the default configuration's folder; the others get -asan, -mpich, -clang, -cuda appended.
 # Every configuration runs even when one fails; the exit status is non-zero when any failed, and a summary
 # with the time of each is printed at the end.
 set -euo pipefail
