@@ -27,7 +27,7 @@ FORBIDDEN = [
     r"vpce/impl/seed_strategy\.hpp", r"vpce/impl/linear_cross_entropy_impl\.hpp", r"vpce/definitions\.hpp",
     r"KokkosBlas",
 ]
-MACROS = ["VPCE_SIMD", "VPCE_PRAGMA"]
+MACROS = ["VPCE_SIMD", "VPCE_SIMD_LINE", "VPCE_PRAGMA"]
 
 
 def headers(cmd, src, cwd):

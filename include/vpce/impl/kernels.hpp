@@ -22,9 +22,26 @@
 
 #if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__) || defined(__SYCL_DEVICE_ONLY__)
 #define VPCE_SIMD
+#define VPCE_SIMD_LINE
 #else
 #define VPCE_PRAGMA(x) _Pragma(#x)
+// VPCE_SIMD: a loop whose iterations touch memory independently, vectorised without a run-time overlap check:
+// GCC's `omp simd`, Clang's own pragma. Inside an `omp simd` body Clang calls every function that is not noexcept
+// through an `invoke` (no exception may leave an OpenMP region), and an invoke carries no llvm.access.group, so
+// the loads and stores of the lambdas inlined into the loop lost the promise: Clang 19 checked at run time that
+// the rows do not overlap, with a scalar copy of the loop for when they do (taken in place, where the gradient is
+// the logits: 9.4x GCC's time) and the lane sums kept in memory. Its own pragma keeps them plain calls.
+// VPCE_SIMD_LINE: the loop over one line's columns, formed by a lambda, inside a loop over lines (round_line,
+// values). Clang 14-19 unrolled it whole, then vectorised the loop over lines with gathers behind an overlap
+// check (scalar in place again); `unroll(disable)` leaves it one vector. perf_tests/NOTES.md, issue 12,
+// thirty-sixth round. Neither needs -fopenmp-simd.
+#if defined(__clang__)
+#define VPCE_SIMD VPCE_PRAGMA(clang loop vectorize(assume_safety))
+#define VPCE_SIMD_LINE VPCE_PRAGMA(clang loop vectorize(assume_safety) unroll(disable))
+#else
 #define VPCE_SIMD VPCE_PRAGMA(omp simd)
+#define VPCE_SIMD_LINE VPCE_PRAGMA(omp simd)
+#endif
 #endif
 // On HostInner's functions that hold the vector loops: everything they call is inlined into them, whatever
 // the compiler's size limits. GCC otherwise stops inlining into a large function ("large-function-growth
@@ -443,7 +460,7 @@ struct HostInner {
       VPCE_SIMD
       for (std::int64_t l = 0; l < lanes; ++l) line[l] = to_storage<G>(f[l]);
     } else {
-      VPCE_SIMD
+      VPCE_SIMD_LINE
       for (std::int64_t l = 0; l < lanes; ++l) line[l] = to_storage<G>(v(j + l));
     }
   }
@@ -474,7 +491,7 @@ struct HostInner {
         for (std::int64_t l = 0; l < 16; ++l) f[g16 + l] = v.at(j + g16 + l, zs[l]);
       }
     } else {
-      VPCE_SIMD
+      VPCE_SIMD_LINE
       for (std::int64_t l = 0; l < lanes; ++l) f[l] = v(j + l);
     }
   }
