@@ -32,7 +32,7 @@
 // the rows do not overlap, with a scalar copy of the loop for when they do (taken in place, where the gradient is
 // the logits: 9.4x GCC's time) and the lane sums kept in memory. Its own pragma keeps them plain calls.
 // VPCE_SIMD_LINE: the loop over one line's columns, formed by a lambda, inside a loop over lines (round_line,
-// values). Clang 14-19 unrolled it whole, then vectorised the loop over lines with gathers behind an overlap
+// values). Clang unrolled it whole, then vectorised the loop over lines with gathers behind an overlap
 // check (scalar in place again); `unroll(disable)` leaves it one vector. perf_tests/NOTES.md, issue 12,
 // thirty-sixth round. Neither needs -fopenmp-simd.
 #if defined(__clang__)
