@@ -36,6 +36,7 @@ using HostInner = vpce::impl::HostInner<vpce::impl::Isa::VPCE_PROBE_LEVEL>;
 using vpce::impl::RowPtr;
 using vpce::impl::Source;
 using vpce::impl::Store;
+using Tf = vpce::impl::Transform;
 using vpce::impl::Write;
 using Host = Kokkos::HostSpace;
 
@@ -83,43 +84,44 @@ using ChunkMax = Kokkos::View<T**, Kokkos::LayoutRight, Host>;
 // `Folded`, label smoothing's form that sums x in the exps' pass. The two forms LocalStats::row() picks from,
 // each inlined: row() itself would also compile its out-of-line call of the folded form (LocalStats::row_folded,
 // for a width known at run time), which is checked here inlined (and was 45% of this file's object code).
-template <class S, class T, bool Capped, bool Folded = false>
+template <class S, class T, Tf Xf, bool Folded = false>
 void stats(const S* x, const std::int64_t* targets, Stats<T>* out, T* y, T* chunk_max) {
-  const vpce::impl::LocalStats<S, T, Host, Capped> f(args<S, T>(x, targets), records<T>(out),
-                                                     RowPtr<T>{y, width, 0}, ChunkMax<T>(chunk_max, 1, 2));
+  const vpce::impl::LocalStats<S, T, Host, Xf> f(args<S, T>(x, targets), records<T>(out), RowPtr<T>{y, width, 0},
+                                                 ChunkMax<T>(chunk_max, 1, 2));
   f.template row_as<Folded>(HostInner{}, 0, vpce::impl::NoPace{});
 }
 
 // Loss and gradient (or stash) of one row, from the logits or from stored exps; with `Stream`, written
 // through a buffer with streaming stores.
-template <class S, class T, class G, Write What, Source From, bool Capped, bool Stream = false>
+template <class S, class T, class G, Write What, Source From, Tf Xf, bool Stream = false>
 void finalize(const S* x, const std::int64_t* targets, const Stats<T>* stats, T* loss, T* lse, G* y, const T* chunk_max,
               T* stash_target, const T* e) {
-  const vpce::impl::Finalize<S, T, G, Host, What, From, Capped> f(
+  const vpce::impl::Finalize<S, T, G, Host, What, From, Xf> f(
       args<S, T>(x, targets), records<const T>(stats),
       vpce::impl::LossOut<T, Host>{Kokkos::View<T*, Host>(loss, 1), Kokkos::View<T*, Host>(lse, 1)},
       RowPtr<G>{y, width, 0}, vpce::impl::GradScale<T, Host>{{}, T(1)}, Kokkos::View<T*, Host>(stash_target, 1),
-      vpce::impl::StoredExps<T, Host>{{e, width, 0}, Kokkos::View<const T**, Kokkos::LayoutRight, Host>(chunk_max, 1, 2)},
+      vpce::impl::StoredExps<T, Host>{{e, width, 0},
+                                      Kokkos::View<const T**, Kokkos::LayoutRight, Host>(chunk_max, 1, 2)},
       Stream ? Store::streaming : Store::plain);
   f.row(HostInner{}, 0);
 }
 
 // The sums of a row's target probabilities q (width columns, like the logits).
-template <class S, class T, bool Capped>
+template <class S, class T, Tf Xf>
 void prob_sums(const S* x, const S* q, Stats<T>* out) {
   auto a = args<S, T>(x, nullptr);
   a.probs = true;
   a.q = q;
   a.ld_q = width;
-  vpce::impl::row_probability_sums<Capped>(HostInner{}, a, 0, &out->t, &out->q, &out->wq);
+  vpce::impl::row_probability_sums<Xf>(HostInner{}, a, 0, &out->t, &out->q, &out->wq);
 }
 
 // The seed strategy's two statistics passes.
-template <class S, class T, bool Capped>
+template <class S, class T, Tf Xf>
 void seed(const S* x, const std::int64_t* targets, T* out) {
   Kokkos::View<T**, Kokkos::LayoutLeft, Host> o(out, 1, 4);
-  vpce::impl::LocalMax<S, T, Host, Capped>(args<S, T>(x, targets), o).row(HostInner{}, 0);
-  vpce::impl::LocalSumGather<S, T, Host, Capped>(args<S, T>(x, targets), o).row(HostInner{}, 0);
+  vpce::impl::LocalMax<S, T, Host, Xf>(args<S, T>(x, targets), o).row(HostInner{}, 0);
+  vpce::impl::LocalSumGather<S, T, Host, Xf>(args<S, T>(x, targets), o).row(HostInner{}, 0);
 }
 
 // backward() from the stash.
@@ -136,48 +138,55 @@ void from_stash(const T* q, const std::int64_t* targets, const T* stash_target, 
 // flatten: the row kernels are inlined, so that the constant width reaches every inner loop.
 #define VPCE_PROBE extern "C" __attribute__((VPCE_PROBE_TARGET noinline, used, flatten))
 
-// One probe per (storage type, softcap): S the logits' type, T the compute type, G the gradient's.
-#define VPCE_PROBES(NAME, S, T, G)                                                                                 \
-  VPCE_PROBE void vpce_probe_stats_##NAME(const S* x, const std::int64_t* t, Stats<T>* o, T* cm) {                 \
-    stats<S, T, false>(x, t, o, nullptr, cm);                                                                      \
-  }                                                                                                                \
-  VPCE_PROBE void vpce_probe_stats_softcap_##NAME(const S* x, const std::int64_t* t, Stats<T>* o, T* cm) {         \
-    stats<S, T, true>(x, t, o, nullptr, cm);                                                                       \
-  }                                                                                                                \
-  VPCE_PROBE void vpce_probe_stats_folded_##NAME(const S* x, const std::int64_t* t, Stats<T>* o, T* cm) {          \
-    stats<S, T, false, true>(x, t, o, nullptr, cm);                                                                \
-  }                                                                                                                \
-  VPCE_PROBE void vpce_probe_stats_folded_softcap_##NAME(const S* x, const std::int64_t* t, Stats<T>* o, T* cm) {  \
-    stats<S, T, true, true>(x, t, o, nullptr, cm);                                                                 \
-  }                                                                                                                \
-  VPCE_PROBE void vpce_probe_grad_##NAME(const S* x, const std::int64_t* t, const Stats<T>* s, T* l, T* e, G* y,   \
-                                         const T* cm, T* st) {                                                     \
-    finalize<S, T, G, Write::grad, Source::logits, false>(x, t, s, l, e, y, cm, st, nullptr);                      \
-  }                                                                                                                \
-  VPCE_PROBE void vpce_probe_grad_softcap_##NAME(const S* x, const std::int64_t* t, const Stats<T>* s, T* l, T* e, \
-                                                 G* y, const T* cm, T* st) {                                       \
-    finalize<S, T, G, Write::grad, Source::logits, true>(x, t, s, l, e, y, cm, st, nullptr);                       \
-  }                                                                                                                \
-  VPCE_PROBE void vpce_probe_prob_sums_##NAME(const S* x, const S* q, Stats<T>* o) {                               \
-    prob_sums<S, T, false>(x, q, o);                                                                               \
-  }                                                                                                                \
-  VPCE_PROBE void vpce_probe_seed_##NAME(const S* x, const std::int64_t* t, T* o) { seed<S, T, false>(x, t, o); }  \
-  VPCE_PROBE void vpce_probe_seed_softcap_##NAME(const S* x, const std::int64_t* t, T* o) {                        \
-    seed<S, T, true>(x, t, o);                                                                                     \
-  }                                                                                                                \
-  VPCE_PROBE void vpce_probe_from_stash_##NAME(const T* q, const std::int64_t* t, const T* st, G* y) {             \
-    from_stash<T, G>(q, t, st, y);                                                                                 \
-  }                                                                                                                \
-  VPCE_PROBE void vpce_probe_from_stash_stream_##NAME(const T* q, const std::int64_t* t, const T* st, G* y) {      \
-    from_stash<T, G, true>(q, t, st, y);                                                                           \
-  }                                                                                                                \
-  VPCE_PROBE void vpce_probe_grad_stream_##NAME(const S* x, const std::int64_t* t, const Stats<T>* s, T* l, T* e,  \
-                                                G* y, const T* cm, T* st) {                                        \
-    finalize<S, T, G, Write::grad, Source::logits, false, true>(x, t, s, l, e, y, cm, st, nullptr);                \
-  }                                                                                                                \
-  VPCE_PROBE void vpce_probe_grad_stored_stream_##NAME(const S* x, const std::int64_t* t, const Stats<T>* s, T* l, \
-                                                       T* e, G* y, const T* cm, T* st, const T* ex) {              \
-    finalize<S, T, G, Write::grad, Source::stored_exp, false, true>(x, t, s, l, e, y, cm, st, ex);                 \
+// One probe per (storage type, transform): S the logits' type, T the compute type, G the gradient's.
+#define VPCE_PROBES(NAME, S, T, G)                                                                                     \
+  VPCE_PROBE void vpce_probe_stats_##NAME(const S* x, const std::int64_t* t, Stats<T>* o, T* cm) {                     \
+    stats<S, T, Tf::none>(x, t, o, nullptr, cm);                                                                       \
+  }                                                                                                                    \
+  VPCE_PROBE void vpce_probe_stats_scale_##NAME(const S* x, const std::int64_t* t, Stats<T>* o, T* cm) {               \
+    stats<S, T, Tf::scale>(x, t, o, nullptr, cm);                                                                      \
+  }                                                                                                                    \
+  VPCE_PROBE void vpce_probe_stats_softcap_##NAME(const S* x, const std::int64_t* t, Stats<T>* o, T* cm) {             \
+    stats<S, T, Tf::softcap>(x, t, o, nullptr, cm);                                                                    \
+  }                                                                                                                    \
+  VPCE_PROBE void vpce_probe_stats_folded_##NAME(const S* x, const std::int64_t* t, Stats<T>* o, T* cm) {              \
+    stats<S, T, Tf::none, true>(x, t, o, nullptr, cm);                                                                 \
+  }                                                                                                                    \
+  VPCE_PROBE void vpce_probe_stats_folded_softcap_##NAME(const S* x, const std::int64_t* t, Stats<T>* o, T* cm) {      \
+    stats<S, T, Tf::softcap, true>(x, t, o, nullptr, cm);                                                              \
+  }                                                                                                                    \
+  VPCE_PROBE void vpce_probe_grad_##NAME(const S* x, const std::int64_t* t, const Stats<T>* s, T* l, T* e, G* y,       \
+                                         const T* cm, T* st) {                                                         \
+    finalize<S, T, G, Write::grad, Source::logits, Tf::none>(x, t, s, l, e, y, cm, st, nullptr);                       \
+  }                                                                                                                    \
+  VPCE_PROBE void vpce_probe_grad_scale_##NAME(const S* x, const std::int64_t* t, const Stats<T>* s, T* l, T* e, G* y, \
+                                               const T* cm, T* st) {                                                   \
+    finalize<S, T, G, Write::grad, Source::logits, Tf::scale>(x, t, s, l, e, y, cm, st, nullptr);                      \
+  }                                                                                                                    \
+  VPCE_PROBE void vpce_probe_grad_softcap_##NAME(const S* x, const std::int64_t* t, const Stats<T>* s, T* l, T* e,     \
+                                                 G* y, const T* cm, T* st) {                                           \
+    finalize<S, T, G, Write::grad, Source::logits, Tf::softcap>(x, t, s, l, e, y, cm, st, nullptr);                    \
+  }                                                                                                                    \
+  VPCE_PROBE void vpce_probe_prob_sums_##NAME(const S* x, const S* q, Stats<T>* o) {                                   \
+    prob_sums<S, T, Tf::none>(x, q, o);                                                                                \
+  }                                                                                                                    \
+  VPCE_PROBE void vpce_probe_seed_##NAME(const S* x, const std::int64_t* t, T* o) { seed<S, T, Tf::none>(x, t, o); }   \
+  VPCE_PROBE void vpce_probe_seed_softcap_##NAME(const S* x, const std::int64_t* t, T* o) {                            \
+    seed<S, T, Tf::softcap>(x, t, o);                                                                                  \
+  }                                                                                                                    \
+  VPCE_PROBE void vpce_probe_from_stash_##NAME(const T* q, const std::int64_t* t, const T* st, G* y) {                 \
+    from_stash<T, G>(q, t, st, y);                                                                                     \
+  }                                                                                                                    \
+  VPCE_PROBE void vpce_probe_from_stash_stream_##NAME(const T* q, const std::int64_t* t, const T* st, G* y) {          \
+    from_stash<T, G, true>(q, t, st, y);                                                                               \
+  }                                                                                                                    \
+  VPCE_PROBE void vpce_probe_grad_stream_##NAME(const S* x, const std::int64_t* t, const Stats<T>* s, T* l, T* e,      \
+                                                G* y, const T* cm, T* st) {                                            \
+    finalize<S, T, G, Write::grad, Source::logits, Tf::none, true>(x, t, s, l, e, y, cm, st, nullptr);                 \
+  }                                                                                                                    \
+  VPCE_PROBE void vpce_probe_grad_stored_stream_##NAME(const S* x, const std::int64_t* t, const Stats<T>* s, T* l,     \
+                                                       T* e, G* y, const T* cm, T* st, const T* ex) {                  \
+    finalize<S, T, G, Write::grad, Source::stored_exp, Tf::none, true>(x, t, s, l, e, y, cm, st, ex);                  \
   }
 
 // The fused strategy's stored exps (statistics storing them in a scratch of T, finalize rescaling them) for
@@ -185,19 +194,19 @@ void from_stash(const T* q, const std::int64_t* targets, const T* stash_target, 
 // the loops that store the exps over the logits (in place): y == x is decided at run time.
 #define VPCE_PROBES_STORED(NAME, S, T, G)                                                                             \
   VPCE_PROBE void vpce_probe_stats_store_##NAME(const S* x, const std::int64_t* t, Stats<T>* o, T* y, T* cm) {        \
-    stats<S, T, false>(x, t, o, y, cm);                                                                               \
+    stats<S, T, Tf::none>(x, t, o, y, cm);                                                                            \
   }                                                                                                                   \
   VPCE_PROBE void vpce_probe_stats_folded_store_##NAME(const S* x, const std::int64_t* t, Stats<T>* o, T* y, T* cm) { \
-    stats<S, T, false, true>(x, t, o, y, cm);                                                                         \
+    stats<S, T, Tf::none, true>(x, t, o, y, cm);                                                                      \
   }                                                                                                                   \
   VPCE_PROBE void vpce_probe_grad_stored_##NAME(const S* x, const std::int64_t* t, const Stats<T>* s, T* l, T* e,     \
                                                 G* y, const T* cm, T* st, const T* ex) {                              \
-    finalize<S, T, G, Write::grad, Source::stored_exp, false>(x, t, s, l, e, y, cm, st, ex);                          \
+    finalize<S, T, G, Write::grad, Source::stored_exp, Tf::none>(x, t, s, l, e, y, cm, st, ex);                       \
   }
 #define VPCE_PROBES_STASH(NAME, T)                                                                                \
   VPCE_PROBE void vpce_probe_stash_##NAME(const T* x, const std::int64_t* t, const Stats<T>* s, T* l, T* e, T* y, \
                                           const T* cm, T* st) {                                                   \
-    finalize<T, T, T, Write::stash, Source::logits, false>(x, t, s, l, e, y, cm, st, nullptr);                    \
+    finalize<T, T, T, Write::stash, Source::logits, Tf::none>(x, t, s, l, e, y, cm, st, nullptr);                 \
   }
 
 VPCE_PROBES(f32, float, float, float)

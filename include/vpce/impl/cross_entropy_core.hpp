@@ -110,6 +110,24 @@ class CrossEntropyCore {
                : Store::plain;
   }
   Params<T> params() const;
+  /// The transform the kernels are compiled for (Transform): `none` where logit_scale is 1 in T, except in
+  /// the seed strategy (a reference, compiled for `scale` and `softcap` only: the same bits).
+  Transform transform() const noexcept {
+    if (opt.softcap > 0) return Transform::softcap;
+    return T(opt.logit_scale) == T(1) && opt.strategy == Strategy::fused ? Transform::none : Transform::scale;
+  }
+  /// f(std::integral_constant<Transform, transform()>{}).
+  template <class F>
+  void with_transform(const F& f) const {
+    switch (transform()) {
+      case Transform::softcap:
+        return f(std::integral_constant<Transform, Transform::softcap>{});
+      case Transform::scale:
+        return f(std::integral_constant<Transform, Transform::scale>{});
+      case Transform::none:
+        return f(std::integral_constant<Transform, Transform::none>{});
+    }
+  }
   /// Every record carries h (the entropy's sum): the entropy is asked for, or weighs in the loss.
   static bool wants_entropy(const Options& o) noexcept { return o.entropy || o.entropy_weight != 0; }
   /// A per-row output of the last call (entropy(), logprob(), z_loss_terms()), into ws.row_output.
@@ -148,11 +166,11 @@ class CrossEntropyCore {
   bool have_forward = false;
 
  private:
-  template <class G, bool Capped>
+  template <class G, Transform Xf>
   void run_strategy(const KernelArgs<Scalar, T, memory_space>& args, std::int64_t n_rows, const loss_view& loss,
                     Write what, const RowPtr<G>& y, const GradScale<T, memory_space>& g, const CallStatus& status,
                     const std::string& err);
-  template <class G, bool Capped>
+  template <class G, Transform Xf>
   void backward_rows(const GradScale<T, memory_space>& g, const RowPtr<G>& y);
   std::string check_targets(const targets_view& targets, std::int64_t* checksum);
   GradScale<T, memory_space> grad_scale_for(const grad_loss_view* grad_loss, T grad_scale, std::string* err) const;
@@ -160,13 +178,14 @@ class CrossEntropyCore {
 
 /// One collective call, as the strategies see it: the checked inputs and outputs in the kernels' terms, and
 /// the steps both strategies share (launching row kernels, Finalize, the non-finite check, the error path).
-/// G: the type of the rows written (gradient or stash); Capped: the softcap is on.
-template <class Core, class G, bool Capped>
+/// G: the type of the rows written (gradient or stash); Xf: the logits' transform (Transform).
+template <class Core, class G, Transform Xf>
 struct CallContext {
   using Scalar = typename Core::public_type::scalar_type;
   using T = typename Core::T;
   using memory_space = typename Core::memory_space;
-  static constexpr bool capped = Capped;
+  static constexpr Transform transform = Xf;
+  static constexpr bool capped = Xf == Transform::softcap;
 
   Core& core;
   KernelArgs<Scalar, T, memory_space> args;
@@ -197,7 +216,7 @@ struct CallContext {
   template <class Launch>
   void with_finalize(const RowPtr<T>& exps, Store how, const Launch& run) const {
     auto launch = [&](auto write, auto source) {
-      run(Finalize<Scalar, T, G, memory_space, decltype(write)::value, decltype(source)::value, Capped>(
+      run(Finalize<Scalar, T, G, memory_space, decltype(write)::value, decltype(source)::value, Xf>(
           args, Records<const T, memory_space>{core.ws.records.view(), core.ws.layout},
           LossOut<T, memory_space>{loss, core.ws.lse}, y, g, core.ws.stash_target,
           StoredExps<T, memory_space>{{exps.data, exps.ld, exps.row0}, core.ws.chunk_max}, how));
@@ -211,7 +230,7 @@ struct CallContext {
         launch(std::integral_constant<Write, Write::stash>(), source);
       }
     };
-    if constexpr (!Capped) {
+    if constexpr (Xf != Transform::softcap) {
       if (exps.data != nullptr) {
         with_write(std::integral_constant<Source, Source::stored_exp>());
         return;

@@ -233,7 +233,7 @@ void CrossEntropyCore<Scalar, ExecSpace>::call(const logits_view& logits, const 
   const auto g = grad_scale_for(grad_loss, grad_scale, &err);
   const CallStatus status{!err.empty(), n_rows, checksum, static_cast<std::int64_t>(what)};
 
-  const bool capped = opt.softcap > 0;
+  const bool capped = transform() == Transform::softcap;
   const bool fused = opt.strategy == Strategy::fused;
   const bool stores_exps = err.empty() && fused && fused_stores_exps(what, capped, use_teams());
   const std::int64_t chain_threads = fused_chains(comm.size(), is_host_space_v<ExecSpace>, stores_exps)
@@ -247,11 +247,7 @@ void CrossEntropyCore<Scalar, ExecSpace>::call(const logits_view& logits, const 
   }
   const auto args = kernel_args(logits.data(), std::int64_t(logits.stride(0)), targets,
                                 probs != nullptr ? *probs : probs_view());
-  if (capped) {
-    run_strategy<G, true>(args, n_rows, loss, what, y, g, status, err);
-  } else {
-    run_strategy<G, false>(args, n_rows, loss, what, y, g, status, err);
-  }
+  with_transform([&](auto xf) { run_strategy<G, decltype(xf)::value>(args, n_rows, loss, what, y, g, status, err); });
   lse_out = Kokkos::subview(ws.lse, std::make_pair(std::int64_t(0), n_rows));
   last_targets = targets;
   const double total = ordered_sum(exec, loss);
@@ -260,18 +256,17 @@ void CrossEntropyCore<Scalar, ExecSpace>::call(const logits_view& logits, const 
 }
 
 template <class Scalar, class ExecSpace>
-template <class G, bool Capped>
+template <class G, Transform Xf>
 void CrossEntropyCore<Scalar, ExecSpace>::run_strategy(const KernelArgs<Scalar, T, memory_space>& args,
                                                        std::int64_t n_rows, const loss_view& loss, Write what,
                                                        const RowPtr<G>& y, const GradScale<T, memory_space>& g,
                                                        const CallStatus& status, const std::string& err) {
-  using Ctx = CallContext<CrossEntropyCore, G, Capped>;
+  using Ctx = CallContext<CrossEntropyCore, G, Xf>;
   const Ctx c{*this, args, n_rows, loss, what, y, g, status, err};
-  if (opt.strategy == Strategy::seed) {
-    SeedStrategy<Ctx>(c).run();
-  } else {
-    FusedStrategy<Ctx>(c).run();
+  if constexpr (Xf != Transform::none) {  // the seed strategy takes `scale` with logit_scale 1 (transform())
+    if (opt.strategy == Strategy::seed) return SeedStrategy<Ctx>(c).run();
   }
+  FusedStrategy<Ctx>(c).run();
 }
 
 template <class Scalar, class ExecSpace>
@@ -292,16 +287,12 @@ void CrossEntropyCore<Scalar, ExecSpace>::backward(const grad_loss_view* grad_lo
   VPCE_THROW_IF(!err.empty(), err);
   ScopedRegion region("vpce::backward");
   const RowPtr<G> y{grad, ld, 0};
-  if (opt.softcap > 0) {
-    backward_rows<G, true>(g, y);
-  } else {
-    backward_rows<G, false>(g, y);
-  }
+  with_transform([&](auto xf) { backward_rows<G, decltype(xf)::value>(g, y); });
   fence(exec, "vpce::backward");
 }
 
 template <class Scalar, class ExecSpace>
-template <class G, bool Capped>
+template <class G, Transform Xf>
 void CrossEntropyCore<Scalar, ExecSpace>::backward_rows(const GradScale<T, memory_space>& g, const RowPtr<G>& y) {
   const std::int64_t n_rows = opt.probability_targets ? saved_probs.extent(0) : saved_targets.extent(0);
   if (opt.mode == Mode::stash_softmax) {
@@ -312,7 +303,7 @@ void CrossEntropyCore<Scalar, ExecSpace>::backward_rows(const GradScale<T, memor
     for_rows("vpce::backward_stash", exec, 0, n_rows, f, use_teams());
   } else {
     // The records hold the merged statistics of the last forward; lse is recomputed from them.
-    const Finalize<Scalar, T, G, memory_space, Write::grad, Source::logits, Capped> f(
+    const Finalize<Scalar, T, G, memory_space, Write::grad, Source::logits, Xf> f(
         kernel_args(saved_logits.data(), std::int64_t(saved_logits.stride(0)), saved_targets, saved_probs), ws.recs(),
         LossOut<T, memory_space>::none(), y, g, ws.stash_target, StoredExps<T, memory_space>{}, store<G>());
     for_rows("vpce::backward_recompute", exec, 0, n_rows, f, use_teams());

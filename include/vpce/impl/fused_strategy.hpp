@@ -191,7 +191,7 @@ class FusedStrategy {
   using T = typename Ctx::T;
   using memory_space = typename Ctx::memory_space;
   using Exec = std::decay_t<decltype(std::declval<const Ctx&>().core.exec)>;
-  using Stats = LocalStats<typename Ctx::Scalar, T, memory_space, Ctx::capped>;
+  using Stats = LocalStats<typename Ctx::Scalar, T, memory_space, Ctx::transform>;
   using Part = decltype(std::declval<const Workspace<T, memory_space>&>().record_part(0, 0));
   using Pending = PendingReduction<Part>;
 

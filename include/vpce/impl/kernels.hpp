@@ -1222,6 +1222,14 @@ struct Logits {
 template <class S, Isa L>
 struct widens<Logits<S>, L> : std::bool_constant<have_widen_hw<S, L>> {};
 
+/// The map x(z) from a stored logit z to the x of the formulas (docs/design.md, section 1) that a kernel is
+/// compiled for: `none` x = z (logit_scale 1, no softcap: the default), `scale` x = logit_scale z, `softcap`.
+/// `none` is a form of its own because the multiply by 1 is not free: x_j - m was a fused multiply-add where a
+/// subtraction serves, and the gradient took a multiply by dx/dz = 1, on the pipes that bind the exps (without
+/// them, rows in L3 on an AMD EPYC Zen 4: `loss_and_grad` -6 to -9%, forward -6 to -7%, backward -7 to -16%;
+/// perf_tests/NOTES.md, issue 12, thirty-seventh round). The same bits as `scale` with logit_scale 1.
+enum class Transform { none, scale, softcap };
+
 /// The options as the kernels use them (docs/design.md, section 1).
 template <class T>
 struct Params {
@@ -1240,23 +1248,27 @@ struct Params {
   std::int64_t ignore_index = -100;
 
   /// x from the stored z; -inf (masked) stays -inf.
-  template <bool Capped>
+  template <Transform Xf>
   KOKKOS_FORCEINLINE_FUNCTION T transform(T z) const {
-    if constexpr (Capped) {
+    if constexpr (Xf == Transform::softcap) {
       const T x = cap * fast_tanh(z * scale * inv_cap);
       return select(z == neg_inf<T>(), z, x);
-    } else {
+    } else if constexpr (Xf == Transform::scale) {
       return z * scale;
+    } else {
+      return z;
     }
   }
   /// dx/dz at x (0 at a masked logit).
-  template <bool Capped>
+  template <Transform Xf>
   KOKKOS_FORCEINLINE_FUNCTION T chain(T x) const {
-    if constexpr (Capped) {
+    if constexpr (Xf == Transform::softcap) {
       const T u = x * inv_cap;
       return select(x == neg_inf<T>(), T(0), scale * (T(1) - u * u));
-    } else {
+    } else if constexpr (Xf == Transform::scale) {
       return scale;
+    } else {
+      return T(1);
     }
   }
 };
@@ -1323,7 +1335,7 @@ KOKKOS_INLINE_FUNCTION void probability_sums(const Inner& in, std::int64_t n, co
 /// pieces without F16C, so that the bits do not depend on the ISA. Read in the loops, float16 in software took
 /// ~10 integer operations per vector for each row: float16 probability targets cost 2.8x the plain call in cache
 /// on a Zen 4, bfloat16 1.6x (perf_tests/NOTES.md, issue 12, twenty-sixth round).
-template <bool Capped, class S, class T, class MemSpace, class Inner>
+template <Transform Xf, class S, class T, class MemSpace, class Inner>
 KOKKOS_INLINE_FUNCTION void row_probability_sums(const Inner& in, const KernelArgs<S, T, MemSpace>& a, std::int64_t i,
                                                  T* t, T* qs, T* wq) {
   const S* x = a.x + i * a.ld_x;
@@ -1342,7 +1354,7 @@ KOKKOS_INLINE_FUNCTION void row_probability_sums(const Inner& in, const KernelAr
       const Widened<false> xc{xw};
       T piece_t, piece_q, piece_wq;
       probability_sums<T>(
-          in, len, Widened<false>{qw}, [xc, p](std::int64_t j) { return p.template transform<Capped>(xc(j)); },
+          in, len, Widened<false>{qw}, [xc, p](std::int64_t j) { return p.template transform<Xf>(xc(j)); },
           w == nullptr ? nullptr : w + j0, &piece_t, &piece_q, &piece_wq, Ahead<Hint::l2>{});
       sum_t += double(piece_t);
       sum_wq += double(piece_wq);
@@ -1355,17 +1367,17 @@ KOKKOS_INLINE_FUNCTION void row_probability_sums(const Inner& in, const KernelAr
   } else {
     probability_sums<T>(
         in, a.n, [qr](std::int64_t j) { return to_compute(qr[j]); },
-        [x, p](std::int64_t j) { return p.template transform<Capped>(to_compute(x[j])); }, w, t, qs, wq, ahead);
+        [x, p](std::int64_t j) { return p.template transform<Xf>(to_compute(x[j])); }, w, t, qs, wq, ahead);
   }
 }
 
 /// row_probability_sums, not inlined on the host (everything it calls is: VPCE_FLATTEN's reason): inlined into
 /// the statistics' row (LocalStats), it cost their loop 2% in calls without probability targets (fp32
 /// `loss_and_grad` in cache on a Zen 4).
-template <bool Capped, class S, class T, class MemSpace, class Inner>
+template <Transform Xf, class S, class T, class MemSpace, class Inner>
 KOKKOS_INLINE_FUNCTION void row_probability_sums_apart(const Inner& in, const KernelArgs<S, T, MemSpace>& a,
                                                        std::int64_t i, T* t, T* qs, T* wq) {
-  Apart<Inner::isa, true>::call([&] { row_probability_sums<Capped>(in, a, i, t, qs, wq); });
+  Apart<Inner::isa, true>::call([&] { row_probability_sums<Xf>(in, a, i, t, qs, wq); });
 }
 
 /// The records a statistics kernel writes (one per row) and Finalize reads (the merged ones), flat.
@@ -1381,7 +1393,7 @@ using seed_stats_view = Kokkos::View<T**, Kokkos::LayoutLeft, MemSpace>;
 
 /// Local (m, s, t, a) of each row (row_stats.hpp), a NaN/+inf row marked (status.hpp), from one read of the
 /// row: the inner policy's online_stats (the host's, chunk by chunk, can also store the exps).
-template <class S, class T, class MemSpace, bool Capped>
+template <class S, class T, class MemSpace, Transform Xf>
 class LocalStats {
   static_assert(std::is_same_v<T, compute_type_t<S>>, "T is the compute type of S");
 
@@ -1432,7 +1444,7 @@ class LocalStats {
     const S* x = m_a.x + i * m_a.ld_x;
     const Params<T>& p = m_a.p;
     const std::int64_t c = m_a.local_target(i);
-    const T t = c >= 0 ? p.template transform<Capped>(to_compute(x[c])) : T(0);
+    const T t = c >= 0 ? p.template transform<Xf>(to_compute(x[c])) : T(0);
     const bool smoothing = p.alpha > T(0);
     T* const e = m_exps.data == nullptr ? nullptr : m_exps.row(i);
     // In place over logits of the compute type: the strategy's decision (FusedStrategy::keeps_exps_in_logits,
@@ -1445,17 +1457,17 @@ class LocalStats {
     OnlineStats<T> o;
     if constexpr (Folded) {
       o = in.template online_stats_folded<T, sum_lanes<S>, exp_accuracy<S>>(
-          m_a.n, Logits<S>{x}, [&](T z) { return p.template transform<Capped>(z); },
+          m_a.n, Logits<S>{x}, [&](T z) { return p.template transform<Xf>(z); },
           p.weights == nullptr ? nullptr : p.weights + m_a.begin, e, over_logits,
           [&](std::int64_t chunk, T m) { m_chunk_max(i, chunk) = m; }, Ahead<read_hint<S>>::of(x), pace);
     } else {
       o = in.template online_stats<T, sum_lanes<S>, exp_accuracy<S>>(
-          m_a.n, Logits<S>{x}, [&](T z) { return p.template transform<Capped>(z); }, smoothing,
+          m_a.n, Logits<S>{x}, [&](T z) { return p.template transform<Xf>(z); }, smoothing,
           p.weights == nullptr ? nullptr : p.weights + m_a.begin, p.entropy, e, over_logits,
           [&](std::int64_t chunk, T m) { m_chunk_max(i, chunk) = m; }, Ahead<read_hint<S>>::of(x), pace);
     }
     RowStats<T> r = mark_row(o.m, o.s, t, smoothing ? o.sx : T(0), p.entropy ? o.h : T(0), o.zmax);
-    if (m_a.probs) row_probability_sums_apart<Capped>(in, m_a, i, &r.t, &r.q, &r.wq);  // the row still in cache
+    if (m_a.probs) row_probability_sums_apart<Xf>(in, m_a, i, &r.t, &r.q, &r.wq);  // the row still in cache
     in.single([&]() { m_out.store(i, r); });
   }
 
@@ -1467,7 +1479,7 @@ class LocalStats {
 };
 
 /// The seed strategy's first pass: the local max only (marked +inf if the row holds +inf: status.hpp).
-template <class S, class T, class MemSpace, bool Capped>
+template <class S, class T, class MemSpace, Transform Xf>
 class LocalMax {
  public:
   LocalMax(const KernelArgs<S, T, MemSpace>& args, const seed_stats_view<T, MemSpace>& out) : m_a(args), m_out(out) {}
@@ -1475,7 +1487,7 @@ class LocalMax {
   KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t i) const {
     const S* x = m_a.x + i * m_a.ld_x;
     const T zmax = in.template max<T>(m_a.n, [&](std::int64_t j) { return to_compute(x[j]); });
-    in.single([&]() { m_out(i, 0) = seed_row_max(zmax, m_a.p.template transform<Capped>(zmax)); });
+    in.single([&]() { m_out(i, 0) = seed_row_max(zmax, m_a.p.template transform<Xf>(zmax)); });
   }
 
  private:
@@ -1485,7 +1497,7 @@ class LocalMax {
 
 /// The seed strategy's second pass: sum of exp against the GLOBAL max (column 0), the target logit, the
 /// logit sum.
-template <class S, class T, class MemSpace, bool Capped>
+template <class S, class T, class MemSpace, Transform Xf>
 class LocalSumGather {
  public:
   LocalSumGather(const KernelArgs<S, T, MemSpace>& args, const seed_stats_view<T, MemSpace>& stats)
@@ -1502,27 +1514,27 @@ class LocalSumGather {
       s = in.template sum<T>(m_a.n, [&](std::int64_t j) { return nan_or_zero(to_compute(x[j])); });
     } else {
       s = in.template sum<T>(m_a.n, [&](std::int64_t j) {
-        return fast_exp_no_overflow<exp_accuracy<S>, Inner::isa>(p.template transform<Capped>(to_compute(x[j])) - m);
+        return fast_exp_no_overflow<exp_accuracy<S>, Inner::isa>(p.template transform<Xf>(to_compute(x[j])) - m);
       });
     }
     T sum_x = 0;
     if (p.alpha > T(0) && p.weights != nullptr) {
       const T* w = p.weights + m_a.begin;
-      sum_x = in.template sum<T>(m_a.n,
-                                 [&](std::int64_t j) { return w[j] * p.template transform<Capped>(to_compute(x[j])); });
+      sum_x =
+          in.template sum<T>(m_a.n, [&](std::int64_t j) { return w[j] * p.template transform<Xf>(to_compute(x[j])); });
     } else if (p.alpha > T(0)) {
-      sum_x = in.template sum<T>(m_a.n, [&](std::int64_t j) { return p.template transform<Capped>(to_compute(x[j])); });
+      sum_x = in.template sum<T>(m_a.n, [&](std::int64_t j) { return p.template transform<Xf>(to_compute(x[j])); });
     }
     T h = 0;  // the entropy's sum of e (x - m) against the global max (a finite one; else the row is marked)
     if (p.entropy && m != neg_inf<T>() && !seed_max_is_marked(m)) {
       h = in.template sum<T>(m_a.n, [&](std::int64_t j) {
-        const T u = p.template transform<Capped>(to_compute(x[j])) - m;
+        const T u = p.template transform<Xf>(to_compute(x[j])) - m;
         const T e = fast_exp_no_overflow<exp_accuracy<S>, Inner::isa>(u);
         return select(e == T(0), T(0), e * u);
       });
     }
     const std::int64_t c = m_a.local_target(i);
-    const T t = c >= 0 ? p.template transform<Capped>(to_compute(x[c])) : T(0);
+    const T t = c >= 0 ? p.template transform<Xf>(to_compute(x[c])) : T(0);
     in.barrier();
     in.single([&]() {
       m_out(i, 1) = s;
@@ -1540,7 +1552,7 @@ class LocalSumGather {
 /// With probability targets, the seed strategy's pass after LocalSumGather: the sums of each row's target
 /// probabilities (probability_sums) into its columns 2, 4, 5 (the fused strategy's LocalStats forms them with
 /// the statistics).
-template <class S, class T, class MemSpace, bool Capped>
+template <class S, class T, class MemSpace, Transform Xf>
 class TargetProbSums {
  public:
   TargetProbSums(const KernelArgs<S, T, MemSpace>& args, const seed_stats_view<T, MemSpace>& seed)
@@ -1548,7 +1560,7 @@ class TargetProbSums {
   template <class Inner>
   KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t i) const {
     T t, qs, wq;
-    row_probability_sums<Capped>(in, m_a, i, &t, &qs, &wq);
+    row_probability_sums<Xf>(in, m_a, i, &t, &qs, &wq);
     in.single([&]() {
       m_seed(i, 2) = t;
       m_seed(i, 4) = qs;
@@ -1644,12 +1656,12 @@ struct StoredExps {
 /// (1 - alpha) w_t dx_c/dz_c goes to `stash_target`; backward() then needs only the stash.
 /// Source::logits: p computed from the logits (y may be the logits' own buffer). Source::stored_exp: from
 /// the exps the statistics stored (no softcap, no probability targets), rescaled by exp(m_c - lse).
-template <class S, class T, class G, class MemSpace, Write What, Source From, bool Capped>
+template <class S, class T, class G, class MemSpace, Write What, Source From, Transform Xf>
 class Finalize {
   static_assert(std::is_same_v<T, compute_type_t<S>>, "T is the compute type of S");
   static_assert(std::is_same_v<G, T> || std::is_same_v<G, S>, "rows are written in the compute or the logits' type");
   static_assert(What != Write::stash || std::is_same_v<G, T>, "the stash is kept in the compute type");
-  static_assert(From == Source::logits || !Capped, "stored exps are not used with the softcap");
+  static_assert(From == Source::logits || Xf != Transform::softcap, "stored exps are not used with the softcap");
 
  public:
   /// y: the stash or gradient rows (What != Write::loss); stash_target: per row (Write::stash only).
@@ -1773,8 +1785,8 @@ class Finalize {
       k.kt = weighted ? k.gi * (T(1) - p.alpha) * k.w_t : k.gi * (T(1) - p.alpha);  // target term
       k.c = m_a.local_target(i);
       // The target's dx/dz, from its x read before the row (which may alias the logits) is overwritten.
-      k.xc = k.c >= 0 ? p.template transform<Capped>(to_compute(k.x[k.c])) : T(0);
-      k.chain_c = k.c >= 0 ? p.template chain<Capped>(k.xc) : T(0);
+      k.xc = k.c >= 0 ? p.template transform<Xf>(to_compute(k.x[k.c])) : T(0);
+      k.chain_c = k.c >= 0 ? p.template chain<Xf>(k.xc) : T(0);
       // The column whose value gets the target term (formed in T and rounded once), or -1.
       k.fix_at = What == Write::grad && k.valid ? k.c : -1;
     }
@@ -1799,9 +1811,9 @@ class Finalize {
     constexpr Isa L = Inner::isa;
     auto write_row = [&](const auto& term, const auto& smooth) {
       const G fix = G(c >= 0 ? ((term(xc, exp_per_element<A, L>(xc - l)) - smooth(c)) - kt) * chain_c : T(0));
-      auto xs = [p, x](std::int64_t j) { return p.template transform<Capped>(to_compute(x[j])); };
+      auto xs = [p, x](std::int64_t j) { return p.template transform<Xf>(to_compute(x[j])); };
       auto value = [term, smooth, p](std::int64_t j, T xj, T e) {
-        return (term(xj, e) - smooth(j)) * p.template chain<Capped>(xj);
+        return (term(xj, e) - smooth(j)) * p.template chain<Xf>(xj);
       };
       // ExpValue only where its exps go 16 at a time: as the value of every type it cost the bfloat16 backward
       // 4% in cache with the same exps (perf_tests/NOTES.md, issue 12, twenty-second round).
@@ -1809,7 +1821,7 @@ class Finalize {
         in.store(m_a.n, yr, ExpValue<T, A, L, decltype(xs), decltype(value)>{xs, l, value}, fix_at, fix, m_store,
                  Ahead<read_hint<S>>::of(x));
       } else if constexpr (have_widen_hw<S, L>) {
-        auto transform = [p](T z) { return p.template transform<Capped>(z); };
+        auto transform = [p](T z) { return p.template transform<Xf>(z); };
         in.store(m_a.n, yr, WidenedExpValue<T, A, L, S, decltype(transform), decltype(value)>{x, transform, l, value},
                  fix_at, fix, m_store, Ahead<read_hint<S>>::of(x));
       } else {
@@ -1876,7 +1888,7 @@ class Finalize {
   template <class Q, class Z, class F>
   KOKKOS_INLINE_FUNCTION void with_stored_terms(const Row& k, std::int64_t j0, const Q& q, const Z& z,
                                                 const F& f) const {
-    static_assert(!Capped, "x_j = S z_j here");
+    static_assert(Xf != Transform::softcap, "x_j = S z_j here");
     const Params<T>& p = m_a.p;
     const T k0 = k.ka * p.scale, kq = k.gi * (T(1) - p.alpha) * p.scale;
     const bool probs = m_a.q != nullptr;

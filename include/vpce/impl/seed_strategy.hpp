@@ -43,7 +43,7 @@ class SeedStrategy {
     // 1. The local row max; its MAX all-reduce (the head rows with the call status, then the other rows).
     if (c.ok()) {
       ScopedRegion region("vpce::stats");
-      c.for_rows("vpce::seed_max", 0, n, LocalMax<Scalar, T, memory_space, Ctx::capped>(c.args, ws.seed.view()));
+      c.for_rows("vpce::seed_max", 0, n, LocalMax<Scalar, T, memory_space, Ctx::transform>(c.args, ws.seed.view()));
     }
     if (head_allreduce()) c.throw_agreed();
     column_allreduce(0, MPI_MAX, seed_head_rows);
@@ -51,10 +51,10 @@ class SeedStrategy {
     {
       ScopedRegion region("vpce::stats");
       c.for_rows("vpce::seed_sum_gather", 0, n,
-                 LocalSumGather<Scalar, T, memory_space, Ctx::capped>(c.args, ws.seed.view()));
+                 LocalSumGather<Scalar, T, memory_space, Ctx::transform>(c.args, ws.seed.view()));
       if (c.args.probs)
         c.for_rows("vpce::target_prob_sums", 0, n,
-                   TargetProbSums<Scalar, T, memory_space, Ctx::capped>(c.args, ws.seed.view()));
+                   TargetProbSums<Scalar, T, memory_space, Ctx::transform>(c.args, ws.seed.view()));
     }
     for (int col = 1; col < (c.core.opt.label_smoothing > 0 ? 4 : 3); ++col) column_allreduce(col, MPI_SUM, 0);
     for (int col = 4; col < c.core.ws.width(); ++col) column_allreduce(col, MPI_SUM, 0);  // probs' sums, h
