@@ -299,8 +299,15 @@ struct HostInner {
   /// K sums at once, f(j) giving column j's K terms (Terms<T, K>), each summed as sum() does, and *max = the
   /// max of g(j), in one pass (g(j) read before f(j) runs: f may store over what g reads, online_stats over
   /// the logits); the row f reads from memory is prefetched `ahead` (stream.hpp), and pace(j) called after
-  /// each piece of 32 x Lanes columns (NoPace).
-  template <class T, int K, int Lanes = 16, class F, class G, Hint H = Hint::l2, class P = NoPace>
+  /// each piece of 32 x Lanes columns (NoPace). MaxApart (g's values formed from 16-bit logits' bits): the
+  /// max taken after each step's loop, by max16_hw where the level has it, from the values kept in an array.
+  /// Inside the loop GCC's AVX-512 code selected them in the integer domain (a compare, the conversion done
+  /// again under its mask, two moves) where one vmaxps does (bfloat16 `loss_and_grad` -5%, its forward -13%
+  /// in cache on a Zen 5: perf_tests/NOTES.md, issue 12, thirty-eighth round). Not for every g: where GCC
+  /// vectorises a loop of 16 columns in 256-bit halves, a 512-bit read of the array waits for both halves'
+  /// stores (bfloat16 probability targets 1.7x slower).
+  template <class T, int K, int Lanes = 16, bool MaxApart = false, class F, class G, Hint H = Hint::l2,
+            class P = NoPace>
   KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN Terms<T, K> sums_max(std::int64_t n, const F& f, const G& g, T* max,
                                                                 const Ahead<H>& ahead = {}, const P& pace = P{}) const {
     constexpr std::int64_t lanes = Lanes;
@@ -324,13 +331,22 @@ struct HostInner {
               if constexpr (K > 1) part[1][l] += t.v[1];
             }
           } else {
+            constexpr bool apart = MaxApart && have_max16_hw<T, L>;
+            T vs[lanes];  // with `apart`: the values whose max max16_hw takes after the loop
             VPCE_SIMD
             for (std::int64_t l = 0; l < lanes; ++l) {
               const T v = g(j + l);
               const Terms<T, K> e = f(j + l);
               part[0][l] += e.v[0];  // no loop over k here: GCC does not vectorise the l loop around one
               if constexpr (K > 1) part[1][l] += e.v[1];
-              mx[l] = v > mx[l] ? v : mx[l];
+              if constexpr (apart) {
+                vs[l] = v;
+              } else {
+                mx[l] = v > mx[l] ? v : mx[l];
+              }
+            }
+            if constexpr (apart) {
+              for (std::int64_t g16 = 0; g16 < lanes; g16 += 16) max16_hw<L>(vs + g16, mx + g16);
             }
           }
         },
@@ -341,7 +357,8 @@ struct HostInner {
   /// columns of each 32 read as 16 pairs, a pair's two columns split by a shift and a mask of one 32-bit lane
   /// and summed in lanes l and 16 + l. Widening 32 loaded 16-bit values to 32-bit lanes one by one took
   /// three shuffles (two vpmovzxwd, an extract), on the same ports as the exps' arithmetic (perf_tests/NOTES.md,
-  /// issue 12, nineteenth round). The last n % 32 columns a lane each, as sums_max's.
+  /// issue 12, nineteenth round). The maxima after the loop by max16_hw where the level has it (sums_max's
+  /// MaxApart). The last n % 32 columns a lane each, as sums_max's.
   template <class T, int K, class Z, class F, Hint H, class P>
   KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN Terms<T, K> sums_max_pairs(std::int64_t n, const Z& z, const F& f, T* max,
                                                                       const Ahead<H>& ahead, const P& pace) const {
@@ -349,6 +366,8 @@ struct HostInner {
     return chunked_sums<T, K, lanes>(
         n, max, ahead, pace,
         [&](std::int64_t j, T(&part)[K][lanes], T(&mx)[lanes]) {
+          constexpr bool apart = have_max16_hw<T, L>;
+          T va[half], vb[half];  // with `apart`: the pairs' values, whose maxima max16_hw takes after the loop
           VPCE_SIMD
           for (std::int64_t l = 0; l < half; ++l) {
             const auto v = z.pair(j + 2 * l);
@@ -360,8 +379,17 @@ struct HostInner {
               part[1][l] += a.v[1];
               part[1][half + l] += b.v[1];
             }
-            mx[l] = v.a > mx[l] ? v.a : mx[l];
-            mx[half + l] = v.b > mx[half + l] ? v.b : mx[half + l];
+            if constexpr (apart) {
+              va[l] = v.a;
+              vb[l] = v.b;
+            } else {
+              mx[l] = v.a > mx[l] ? v.a : mx[l];
+              mx[half + l] = v.b > mx[half + l] ? v.b : mx[half + l];
+            }
+          }
+          if constexpr (apart) {
+            max16_hw<L>(va, mx);
+            max16_hw<L>(vb, mx + half);
           }
         },
         [&](std::int64_t j) { return z(j); }, [&](std::int64_t j, T v) { return f.at(j, v); });
@@ -792,9 +820,10 @@ struct HostInner {
         return sums_max_pairs<T, K>(len, z, Exps{z, x, y, m, sec}, cz, ahead, pace);
       }
     }
-    if (y == nullptr) return sums_max<T, K, Lanes>(len, Exps{z, x, y, m, sec}, g, cz, ahead, pace);
-    return sums_max<T, K, Lanes>(len, ExpTerms<K, true, Mark, A, T, Z, X, S2>{z, x, y, m, sec}, g, cz,
-                                 ahead.template as<Hint::l1>(), pace);
+    constexpr bool from_bits = WithMax && reads_pairs_v<Z> && !is_widened_v<Z>;  // the max of 16-bit logits' bits
+    if (y == nullptr) return sums_max<T, K, Lanes, from_bits>(len, Exps{z, x, y, m, sec}, g, cz, ahead, pace);
+    return sums_max<T, K, Lanes, from_bits>(len, ExpTerms<K, true, Mark, A, T, Z, X, S2>{z, x, y, m, sec}, g, cz,
+                                            ahead.template as<Hint::l1>(), pace);
   }
 
   /// A chunk's K sums again, against m + d where the first pass against m found its max more than 80 above m

@@ -55,6 +55,11 @@
 #ifndef VPCE_WHOLE_16BIT_LINES
 #define VPCE_WHOLE_16BIT_LINES 0
 #endif
+#if defined(__AVX512F__)
+#define VPCE_AVX512_BUILD 1
+#else
+#define VPCE_AVX512_BUILD 0
+#endif
 
 namespace vpce::impl {
 
@@ -186,6 +191,19 @@ KOKKOS_FORCEINLINE_FUNCTION VPCE_NEEDS("avx512f,f16c") void widen16_512(const fl
 }
 #endif
 
+#if VPCE_HOST_CLONES || (VPCE_HAVE_STREAMING_STORES && defined(__AVX512F__))
+/// max16_hw's forms: mx[l] = v[l] > mx[l] ? v[l] : mx[l] for l < 16 by vmaxps, in 256-bit or 512-bit registers
+/// (the instruction's own rule: the second operand where the first is not greater, NaN among them).
+KOKKOS_FORCEINLINE_FUNCTION VPCE_NEEDS("avx") void max16_256(const float* v, float* mx) {
+  for (std::ptrdiff_t k = 0; k < 2; ++k)
+    _mm256_storeu_ps(mx + 8 * k, _mm256_max_ps(_mm256_loadu_ps(v + 8 * k), _mm256_loadu_ps(mx + 8 * k)));
+}
+KOKKOS_FORCEINLINE_FUNCTION VPCE_NEEDS("avx512f") void max16_512(const float* v, float* mx) {
+  // the masked form: GCC 12's unmasked one passes _mm512_undefined_ps (as round_line_512's)
+  _mm512_storeu_ps(mx, _mm512_maskz_max_ps(0xffff, _mm512_loadu_ps(v), _mm512_loadu_ps(mx)));
+}
+#endif
+
 #if VPCE_HOST_CLONES
 /// The copies' helpers at level L (Isa): the forms above for the copy's instruction sets, each with the copy's
 /// own target attribute and plain inline, so that GCC inlines them into that copy only (compiled into the
@@ -218,6 +236,7 @@ struct Copy<Isa::v4> {
   __attribute__((target(VPCE_TARGET_V4))) static void exp_lanes16(const float (&u)[16], float (&e)[16]) {
     exp_table_lanes16(u, e);
   }
+  __attribute__((target(VPCE_TARGET_V4))) static void max16(const float* v, float* mx) { max16_256(v, mx); }
   template <bool Whole>
   __attribute__((target(VPCE_TARGET_V4))) static void stream_line(void* dst, const void* src) {
     if constexpr (Whole) {
@@ -241,6 +260,7 @@ struct Copy<Isa::v4bf16> {
   __attribute__((target(VPCE_TARGET_V4_BF16))) static void exp_lanes16(const float (&u)[16], float (&e)[16]) {
     exp_table_lanes16(u, e);
   }
+  __attribute__((target(VPCE_TARGET_V4_BF16))) static void max16(const float* v, float* mx) { max16_512(v, mx); }
   template <bool Whole>
   __attribute__((target(VPCE_TARGET_V4_BF16))) static void stream_line(void* dst, const void* src) {
     if constexpr (Whole) {
@@ -396,6 +416,37 @@ KOKKOS_FORCEINLINE_FUNCTION void widen16_hw(const float16* x, float* f) {
 #else
   for (std::ptrdiff_t l = 0; l < 16; ++l) f[l] = float(x[l]);
 #endif
+}
+
+/// Whether max16_hw<T, L> has instructions: float where L has AVX-512 (Isa::build where the build targets it).
+template <class T, Isa L>
+inline constexpr bool have_max16_hw = std::is_same_v<T, float> &&
+                                      (L == Isa::build ? VPCE_HAVE_STREAMING_STORES != 0 && VPCE_AVX512_BUILD != 0
+                                                       : VPCE_HOST_CLONES != 0 && L != Isa::v3);
+
+/// mx[l] = v[l] > mx[l] ? v[l] : mx[l] for l < 16 (a NaN in v ignored, as the loops' own maxima ignore it; the
+/// same bits), by one vmaxps where the level's loops are 512 bits wide, two where they are 256 (have_max16_hw:
+/// AVX-512). For the maxima of values formed from 16-bit logits' bits (a shift, a mask), which GCC's AVX-512
+/// code selects in the integer domain (HostInner::sums_max's MaxApart). v is read in the width the loops
+/// prefer (VPCE_WHOLE_16BIT_LINES: 512 bits): a 512-bit load of an array that a loop stored in two 256-bit
+/// halves waits for both stores to reach the cache, so the callers are loops GCC vectorises at that width.
+template <Isa L>
+KOKKOS_FORCEINLINE_FUNCTION void max16_hw(const float* v, float* mx) {
+#if VPCE_HOST_CLONES
+  if constexpr (L != Isa::build) {
+    Copy<L>::max16(v, mx);
+    return;
+  }
+#endif
+#if VPCE_HAVE_STREAMING_STORES && VPCE_AVX512_BUILD
+#if VPCE_WHOLE_16BIT_LINES
+  max16_512(v, mx);
+#else
+  max16_256(v, mx);
+#endif
+#endif
+  (void)v;
+  (void)mx;
 }
 
 /// How far ahead of its loads a host loop that streams a row prefetches, in bytes (HostInner, kernels.hpp).
