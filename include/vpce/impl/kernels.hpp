@@ -305,7 +305,9 @@ struct HostInner {
   /// again under its mask, two moves) where one vmaxps does (bfloat16 `loss_and_grad` -5%, its forward -13%
   /// in cache on a Zen 5: perf_tests/NOTES.md, issue 12, thirty-eighth round). Not for every g: where GCC
   /// vectorises a loop of 16 columns in 256-bit halves, a 512-bit read of the array waits for both halves'
-  /// stores (bfloat16 probability targets 1.7x slower).
+  /// stores (bfloat16 probability targets 1.7x slower). The arrays are alignas(64): GCC raises such an array's
+  /// alignment to its vectors' for its own aligned loads, and AddressSanitizer's fake stack frames
+  /// (detect_stack_use_after_return) kept only the declared alignment: those loads faulted in the asan build.
   template <class T, int K, int Lanes = 16, bool MaxApart = false, class F, class G, Hint H = Hint::l2,
             class P = NoPace>
   KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN Terms<T, K> sums_max(std::int64_t n, const F& f, const G& g, T* max,
@@ -332,7 +334,7 @@ struct HostInner {
             }
           } else {
             constexpr bool apart = MaxApart && have_max16_hw<T, L>;
-            T vs[lanes];  // with `apart`: the values whose max max16_hw takes after the loop
+            alignas(64) T vs[lanes];  // with `apart`: the values whose max max16_hw takes after the loop
             VPCE_SIMD
             for (std::int64_t l = 0; l < lanes; ++l) {
               const T v = g(j + l);
@@ -367,7 +369,7 @@ struct HostInner {
         n, max, ahead, pace,
         [&](std::int64_t j, T(&part)[K][lanes], T(&mx)[lanes]) {
           constexpr bool apart = have_max16_hw<T, L>;
-          T va[half], vb[half];  // with `apart`: the pairs' values, whose maxima max16_hw takes after the loop
+          alignas(64) T va[half], vb[half];  // with `apart`: the pairs' values, their maxima after the loop
           VPCE_SIMD
           for (std::int64_t l = 0; l < half; ++l) {
             const auto v = z.pair(j + 2 * l);

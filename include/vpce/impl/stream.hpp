@@ -60,11 +60,6 @@
 #else
 #define VPCE_AVX512_BUILD 0
 #endif
-#if defined(__OPTIMIZE__)
-#define VPCE_OPTIMIZED_BUILD 1
-#else
-#define VPCE_OPTIMIZED_BUILD 0
-#endif
 
 namespace vpce::impl {
 
@@ -423,12 +418,9 @@ KOKKOS_FORCEINLINE_FUNCTION void widen16_hw(const float16* x, float* f) {
 #endif
 }
 
-/// Whether max16_hw<T, L> has instructions: float where L has AVX-512 (Isa::build where the build targets it),
-/// in optimised builds (VPCE_OPTIMIZED_BUILD: at -O0 the loops keep their own max; there GCC 12's
-/// AddressSanitizer placed the intrinsics' 512-bit temporaries in its fake stack frames without their 64-byte
-/// alignment, and their aligned loads faulted).
+/// Whether max16_hw<T, L> has instructions: float where L has AVX-512 (Isa::build where the build targets it).
 template <class T, Isa L>
-inline constexpr bool have_max16_hw = VPCE_OPTIMIZED_BUILD != 0 && std::is_same_v<T, float> &&
+inline constexpr bool have_max16_hw = std::is_same_v<T, float> &&
                                       (L == Isa::build ? VPCE_HAVE_STREAMING_STORES != 0 && VPCE_AVX512_BUILD != 0
                                                        : VPCE_HOST_CLONES != 0 && L != Isa::v3);
 
