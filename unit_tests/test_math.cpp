@@ -436,28 +436,19 @@ TEST(Math, Float16ValuesWidenedSameBits) {
 // (every sign and exponent, NaN payloads, the lines of subnormals), and lines of normal floats with a
 // subnormal or a NaN at each position (lines the instructions would round otherwise are done in software).
 // Column l of a line: the float with bits u[l] (host and device, as the kernels' callbacks: round_line is).
-// Also from the same values in pair order (a line of exps stored so: vpce::impl::PairedExps, whose values
-// the rounding interleaves).
 struct FromBits {
   const std::uint32_t* u;
   KOKKOS_INLINE_FUNCTION float operator()(std::int64_t l) const { return vpce::impl::from_bits(u[l]); }
-};
-struct StoredValue {
-  KOKKOS_INLINE_FUNCTION float operator()(std::int64_t, float e) const { return e; }
 };
 template <vpce::impl::Isa L, class G>
 void expect_lines_same_bits_as_scalar() {
   constexpr int lanes = 32;
   auto check = [](const std::uint32_t* u) {
-    alignas(64) G line[lanes], paired[lanes];
+    alignas(64) G line[lanes];
     vpce::impl::HostInner<L>::round_line(line, FromBits{u}, 0);
-    float pairs[lanes];
-    for (int l = 0; l < lanes; ++l) pairs[vpce::impl::pair_slot(l, lanes)] = vpce::impl::from_bits(u[l]);
-    vpce::impl::HostInner<L>::round_line(paired, vpce::impl::PairedExps<float, StoredValue>{pairs, 0, lanes, {}}, 0);
     for (int l = 0; l < lanes; ++l) {
       const G want(vpce::impl::from_bits(u[l]));
       if (line[l].bits != want.bits) return ::testing::AssertionFailure() << std::hex << u[l];
-      if (paired[l].bits != want.bits) return ::testing::AssertionFailure() << "in pair order: " << std::hex << u[l];
     }
     return ::testing::AssertionSuccess();
   };

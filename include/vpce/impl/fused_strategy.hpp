@@ -75,7 +75,7 @@ struct StatsWithGradient {
       stats.row(in, s0 + i);
       return;
     }
-    const auto k = fin.begin(in, f0 + i);
+    const auto k = fin.begin(f0 + i);
     std::int64_t done = 0;
     if (i < ns) {
       constexpr std::int64_t lanes = 64 / std::int64_t(sizeof(*k.yr));  // columns per line

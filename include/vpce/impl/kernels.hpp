@@ -135,15 +135,6 @@ template <class Z>
 struct reads_pairs<Z, std::void_t<decltype(Z::pairs)>> : std::bool_constant<Z::pairs> {};
 template <class Z>
 inline constexpr bool reads_pairs_v = reads_pairs<Z>::value;
-/// Whether the statistics over a row reader z (reads_pairs_v) store its exps in pair order (pair_slot;
-/// Z::exps_in_pairs): bfloat16 logits, always read as bits. Not float16, whose exps are stored in column order
-/// from its chunks widened by F16C, and so also where it is read in software: the same sums, whatever the ISA.
-template <class Z, class = void>
-struct stores_pairs : std::false_type {};
-template <class Z>
-struct stores_pairs<Z, std::void_t<decltype(Z::exps_in_pairs)>> : std::bool_constant<Z::exps_in_pairs> {};
-template <class Z>
-inline constexpr bool stores_pairs_v = stores_pairs<Z>::value;
 
 /// A chunk of a row of 16-bit values read from the floats zs it was widened into (HostInner::widen; by the CPU's
 /// own instructions where have_widen_hw: float16 with F16C): the logits z of HostInner::online, with z(j) and,
@@ -222,58 +213,10 @@ struct widens_values<F, std::void_t<decltype(F::widens)>> : std::bool_constant<F
 template <class F>
 inline constexpr bool widens_values_v = widens_values<F>::value;
 
-/// Where column j of a row of n columns keeps its exp in a scratch in pair order (HostInner::sums_max_pairs,
-/// for bfloat16 logits: stores_pairs): in each whole group of 32 columns (from the row's first),
-/// columns 2l and 2l + 1 of the group at its slots l and 16 + l, the lanes the pairs' loop computes them in;
-/// the last n % 32 columns at their own.
-KOKKOS_FORCEINLINE_FUNCTION std::int64_t pair_slot(std::int64_t j, std::int64_t n) {
-  return j < n - n % 32 ? j - j % 32 + (j % 2) * 16 + (j % 32) / 2 : j;
-}
-/// A column index j that also says which half of its pair's 32-bit word the column is (P = 0: the low half, j
-/// even; 1: the high half), for a loop over pairs of columns (PairedExps): a reader of 16-bit columns
-/// (Logits::operator()(Half)) loads the pair's word once for both; it converts to the plain index for others.
-template <int P>
-struct Half {
-  std::int64_t j;
-  KOKKOS_FORCEINLINE_FUNCTION operator std::int64_t() const { return j; }
-};
-/// A row's values from exps stored in pair order (pair_slot), for Inner::store: v(j) = value(c, e[pair_slot(c)])
-/// for column c = j0 + j of a row of n columns (e: the row's exps); HostInner's lines of 32 columns that start a
-/// group (grouped) take the group's exps as they lie, their values in pair order (pairs: f[l] and f[16 + l]
-/// those of columns 2l and 2l + 1, value called with Half indices), rounded and interleaved together
-/// (round_line_hw's `Pairs`).
-template <class T, class V>
-struct PairedExps {
-  static constexpr bool paired = true;
-  const T* e;
-  std::int64_t j0, n;
-  V value;
-  KOKKOS_FORCEINLINE_FUNCTION T operator()(std::int64_t j) const { return value(j0 + j, e[pair_slot(j0 + j, n)]); }
-  KOKKOS_FORCEINLINE_FUNCTION bool grouped(std::int64_t j) const {
-    return (j0 + j) % 32 == 0 && j0 + j + 32 <= n - n % 32;
-  }
-  KOKKOS_FORCEINLINE_FUNCTION void pairs(std::int64_t j, T (&f)[32]) const {
-    const std::int64_t c = j0 + j;
-    const T* g = e + c;
-    VPCE_SIMD
-    for (std::int64_t l = 0; l < 16; ++l) {
-      f[l] = value(Half<0>{c + 2 * l}, g[l]);
-      f[16 + l] = value(Half<1>{c + 2 * l + 1}, g[16 + l]);
-    }
-  }
-};
-/// Whether a column's value v (Inner::store) reads exps stored in pair order (PairedExps::paired).
-template <class F, class = void>
-struct paired_values : std::false_type {};
-template <class F>
-struct paired_values<F, std::void_t<decltype(F::paired)>> : std::bool_constant<F::paired> {};
-template <class F>
-inline constexpr bool paired_values_v = paired_values<F>::value;
-
 /// The columns of a row reader z from j0 on: z(j0 + j), and its pairs where z has them.
 template <class Z>
 struct ColumnsFrom {
-  static constexpr bool pairs = reads_pairs_v<Z>, exps_in_pairs = stores_pairs_v<Z>;
+  static constexpr bool pairs = reads_pairs_v<Z>;
   const Z& z;
   std::int64_t j0;
   KOKKOS_FORCEINLINE_FUNCTION auto operator()(std::int64_t j) const { return z(j0 + j); }
@@ -356,8 +299,17 @@ struct HostInner {
   /// K sums at once, f(j) giving column j's K terms (Terms<T, K>), each summed as sum() does, and *max = the
   /// max of g(j), in one pass (g(j) read before f(j) runs: f may store over what g reads, online_stats over
   /// the logits); the row f reads from memory is prefetched `ahead` (stream.hpp), and pace(j) called after
-  /// each piece of 32 x Lanes columns (NoPace).
-  template <class T, int K, int Lanes = 16, class F, class G, Hint H = Hint::l2, class P = NoPace>
+  /// each piece of 32 x Lanes columns (NoPace). MaxApart (g's values formed from 16-bit logits' bits): the
+  /// max taken after each step's loop, by max16_hw where the level has it, from the values kept in an array.
+  /// Inside the loop GCC's AVX-512 code selected them in the integer domain (a compare, the conversion done
+  /// again under its mask, two moves) where one vmaxps does (bfloat16 `loss_and_grad` -5%, its forward -13%
+  /// in cache on a Zen 5: perf_tests/NOTES.md, issue 12, thirty-eighth round). Not for every g: where GCC
+  /// vectorises a loop of 16 columns in 256-bit halves, a 512-bit read of the array waits for both halves'
+  /// stores (bfloat16 probability targets 1.7x slower). The arrays are alignas(64): GCC raises such an array's
+  /// alignment to its vectors' for its own aligned loads, and AddressSanitizer's fake stack frames
+  /// (detect_stack_use_after_return) kept only the declared alignment: those loads faulted in the asan build.
+  template <class T, int K, int Lanes = 16, bool MaxApart = false, class F, class G, Hint H = Hint::l2,
+            class P = NoPace>
   KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN Terms<T, K> sums_max(std::int64_t n, const F& f, const G& g, T* max,
                                                                 const Ahead<H>& ahead = {}, const P& pace = P{}) const {
     constexpr std::int64_t lanes = Lanes;
@@ -381,31 +333,34 @@ struct HostInner {
               if constexpr (K > 1) part[1][l] += t.v[1];
             }
           } else {
+            constexpr bool apart = MaxApart && have_max16_hw<T, L>;
+            alignas(64) T vs[lanes];  // with `apart`: the values whose max max16_hw takes after the loop
             VPCE_SIMD
             for (std::int64_t l = 0; l < lanes; ++l) {
               const T v = g(j + l);
               const Terms<T, K> e = f(j + l);
               part[0][l] += e.v[0];  // no loop over k here: GCC does not vectorise the l loop around one
               if constexpr (K > 1) part[1][l] += e.v[1];
-              mx[l] = v > mx[l] ? v : mx[l];
+              if constexpr (apart) {
+                vs[l] = v;
+              } else {
+                mx[l] = v > mx[l] ? v : mx[l];
+              }
+            }
+            if constexpr (apart) {
+              for (std::int64_t g16 = 0; g16 < lanes; g16 += 16) max16_hw<L>(vs + g16, mx + g16);
             }
           }
         },
         [&](std::int64_t j) { return g(j); }, [&](std::int64_t j, T) { return f(j); });
   }
   /// sums_max for a row reader z that reads pairs of columns (reads_pairs_v: 16-bit logits), K sums of
-  /// f.at(j, z(j), slot) (column j's terms from its value, its exp stored at slot: ExpTerms) and *max = the max
-  /// of z, in 32 lanes: the columns of each 32 read as 16 pairs, a pair's two columns split by a shift and a
-  /// mask of one 32-bit lane and summed in lanes l and 16 + l, their exps stored in that order (pair_slot).
-  /// Widening 32 loaded 16-bit values to 32-bit lanes one by one took three shuffles (two vpmovzxwd, an
-  /// extract), on the same ports as the exps' arithmetic (perf_tests/NOTES.md, issue 12, nineteenth round).
-  /// The maxima after the loop, by max16_hw where the level has it, from the values kept in arrays: inside the
-  /// loop GCC's AVX-512 code selected them in the integer domain (a compare, the conversion done again under
-  /// its mask, two moves) where one vmaxps does (bfloat16 `loss_and_grad` -5%, its forward -13% in cache on a
-  /// Zen 5: thirty-eighth round). The arrays are alignas(64): GCC raises such an array's alignment to its
-  /// vectors' for its own aligned loads, and AddressSanitizer's fake stack frames
-  /// (detect_stack_use_after_return) kept only the declared alignment: those loads faulted in the asan build.
-  /// The last n % 32 columns a lane each, as sums_max's (their exps at their own slots).
+  /// f.at(j, z(j)) (column j's terms from its value, as ExpTerms) and *max = the max of z, in 32 lanes: the
+  /// columns of each 32 read as 16 pairs, a pair's two columns split by a shift and a mask of one 32-bit lane
+  /// and summed in lanes l and 16 + l. Widening 32 loaded 16-bit values to 32-bit lanes one by one took
+  /// three shuffles (two vpmovzxwd, an extract), on the same ports as the exps' arithmetic (perf_tests/NOTES.md,
+  /// issue 12, nineteenth round). The maxima after the loop by max16_hw where the level has it (sums_max's
+  /// MaxApart). The last n % 32 columns a lane each, as sums_max's.
   template <class T, int K, class Z, class F, Hint H, class P>
   KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN Terms<T, K> sums_max_pairs(std::int64_t n, const Z& z, const F& f, T* max,
                                                                       const Ahead<H>& ahead, const P& pace) const {
@@ -418,8 +373,8 @@ struct HostInner {
           VPCE_SIMD
           for (std::int64_t l = 0; l < half; ++l) {
             const auto v = z.pair(j + 2 * l);
-            const Terms<T, K> a = f.at(j + 2 * l, v.a, j + l);  // a stored exp in pair order (pair_slot)
-            const Terms<T, K> b = f.at(j + 2 * l + 1, v.b, j + half + l);
+            const Terms<T, K> a = f.at(j + 2 * l, v.a);
+            const Terms<T, K> b = f.at(j + 2 * l + 1, v.b);
             part[0][l] += a.v[0];
             part[0][half + l] += b.v[0];
             if constexpr (K > 1) {
@@ -526,22 +481,6 @@ struct HostInner {
   template <class G, class F>
   KOKKOS_FORCEINLINE_FUNCTION VPCE_FLATTEN static void round_line(G* line, const F& v, std::int64_t j) {
     constexpr std::int64_t lanes = 64 / std::int64_t(sizeof(G));
-    if constexpr (paired_values_v<F> && std::is_same_v<G, bfloat16>) {
-      // A group's exps in pair order: the values as they lie, interleaved by the rounding.
-      if (v.grouped(j)) {
-        alignas(64) float f[32];
-        v.pairs(j, f);
-        if constexpr (have_round_line_hw<G, L>) {
-          if (round_line_hw<G, L, true>(line, f)) return;
-        }
-        VPCE_SIMD
-        for (std::int64_t l = 0; l < 16; ++l) {
-          line[2 * l] = to_storage<G>(f[l]);
-          line[2 * l + 1] = to_storage<G>(f[16 + l]);
-        }
-        return;
-      }
-    }
     if constexpr (have_round_line_hw<G, L> || exps_in_lanes_v<F> || widens_values_v<F>) {
       alignas(64) float f[lanes];
       values(v, j, f);
@@ -820,17 +759,14 @@ struct HostInner {
     SecondTerm<S2, T> sec;
     KOKKOS_FORCEINLINE_FUNCTION Terms<T, K> operator()(std::int64_t j) const { return at(j, z(j)); }
     /// Column j's terms from its value zj = z(j).
-    KOKKOS_FORCEINLINE_FUNCTION Terms<T, K> at(std::int64_t j, T zj) const { return at(j, zj, j); }
-    /// The same, its exp stored (Store) at y[slot] (sums_max_pairs: in pair order).
-    KOKKOS_FORCEINLINE_FUNCTION Terms<T, K> at(std::int64_t j, T zj, std::int64_t slot) const {
+    KOKKOS_FORCEINLINE_FUNCTION Terms<T, K> at(std::int64_t j, T zj) const {
       const T u = x(zj) - m;
-      return terms(j, u, exp_per_element<A, L>(u), slot);
+      return terms(j, u, exp_per_element<A, L>(u));
     }
     KOKKOS_FORCEINLINE_FUNCTION T arg(std::int64_t j) const { return x(z(j)) - m; }
-    /// Column j's terms from u = x_j - m and its exp e, stored at y[slot].
-    KOKKOS_FORCEINLINE_FUNCTION Terms<T, K> terms(std::int64_t j, T u, T e) const { return terms(j, u, e, j); }
-    KOKKOS_FORCEINLINE_FUNCTION Terms<T, K> terms(std::int64_t j, T u, T e, std::int64_t slot) const {
-      if constexpr (Store) y[slot] = Mark ? select(u > T(80), -u, e) : e;
+    /// Column j's terms from u = x_j - m and its exp e.
+    KOKKOS_FORCEINLINE_FUNCTION Terms<T, K> terms(std::int64_t j, T u, T e) const {
+      if constexpr (Store) y[j] = Mark ? select(u > T(80), -u, e) : e;
       if constexpr (K == 1) {
         return {{e}};
       } else if constexpr (S2 == Second::entropy) {
@@ -878,22 +814,18 @@ struct HostInner {
         return no_max(j);
       }
     };
-    // 16-bit logits read pairs of columns (sums_max_pairs) where the max is taken, and bfloat16 also where the
-    // exps are stored: in pair order (pair_slot, stores_pairs), as the pairs' lanes hold them, and Finalize reads
-    // them so (PairedExps). Stored in column order, the exps of 32 columns took three shuffles to widen them
-    // one by one, or two to interleave the pairs' (perf_tests/NOTES.md, issue 12, thirty-ninth round).
-    if constexpr (stores_pairs_v<Z>) {
-      if (y != nullptr) {  // also without the max (m = -inf so far: cz unused)
-        return sums_max_pairs<T, K>(len, z, ExpTerms<K, true, Mark, A, T, Z, X, S2>{z, x, y, m, sec}, cz,
-                                    ahead.template as<Hint::l1>(), pace);
+    // 16-bit logits whose exps are not stored read pairs of columns (sums_max_pairs). Where they are stored,
+    // the exps of a pair would be interleaved into column order by two shuffles per 32 columns, which cost
+    // what the pairs save (bfloat16 loss_and_grad +10% / -3% at 1x2 / 2x1 on an AMD Zen 5, noise about 5%).
+    if constexpr (WithMax && reads_pairs_v<Z>) {
+      if (y == nullptr) {
+        return sums_max_pairs<T, K>(len, z, Exps{z, x, y, m, sec}, cz, ahead, pace);
       }
     }
-    if constexpr (WithMax && reads_pairs_v<Z>) {
-      if (y == nullptr) return sums_max_pairs<T, K>(len, z, Exps{z, x, y, m, sec}, cz, ahead, pace);
-    }
-    if (y == nullptr) return sums_max<T, K, Lanes>(len, Exps{z, x, y, m, sec}, g, cz, ahead, pace);
-    return sums_max<T, K, Lanes>(len, ExpTerms<K, true, Mark, A, T, Z, X, S2>{z, x, y, m, sec}, g, cz,
-                                 ahead.template as<Hint::l1>(), pace);
+    constexpr bool from_bits = WithMax && reads_pairs_v<Z> && !is_widened_v<Z>;  // the max of 16-bit logits' bits
+    if (y == nullptr) return sums_max<T, K, Lanes, from_bits>(len, Exps{z, x, y, m, sec}, g, cz, ahead, pace);
+    return sums_max<T, K, Lanes, from_bits>(len, ExpTerms<K, true, Mark, A, T, Z, X, S2>{z, x, y, m, sec}, g, cz,
+                                            ahead.template as<Hint::l1>(), pace);
   }
 
   /// A chunk's K sums again, against m + d where the first pass against m found its max more than 80 above m
@@ -939,7 +871,7 @@ struct HostInner {
           },
           no_max, &unused);
     }
-    const Terms<T, K> sums = sums_max<T, K, Lanes>(
+    return sums_max<T, K, Lanes>(
         len,
         [&](std::int64_t j) {
           const T u = x(z(j)) - m;
@@ -948,14 +880,6 @@ struct HostInner {
           return terms(e, u);
         },
         no_max, &unused);
-    if constexpr (stores_pairs_v<Z>) {  // stored in pair order, as exp_sums stores them
-      for (std::int64_t g = 0; g < len - len % 32; g += 32) {
-        T c[32];
-        for (std::int64_t l = 0; l < 32; ++l) c[l] = y[g + l];
-        for (std::int64_t l = 0; l < 32; ++l) y[g + pair_slot(l, 32)] = c[l];
-      }
-    }
-    return sums;
   }
 };
 
@@ -1305,22 +1229,11 @@ struct Logits {
 #else
   static constexpr bool pairs = false;
 #endif
-  static constexpr bool exps_in_pairs = pairs && std::is_same_v<S, bfloat16>;  // stores_pairs
   struct Pair {
     compute_type_t<S> a, b;
   };
   const S* x;
   KOKKOS_FORCEINLINE_FUNCTION compute_type_t<S> operator()(std::int64_t j) const { return to_compute(x[j]); }
-  /// Column h.j from its pair's word (Half): in a loop over pairs, one load for both columns.
-  template <int P>
-  KOKKOS_FORCEINLINE_FUNCTION compute_type_t<S> operator()(Half<P> h) const {
-    if constexpr (pairs) {
-      const Pair v = pair(h.j - P);
-      return P == 0 ? v.a : v.b;
-    } else {
-      return to_compute(x[h.j]);
-    }
-  }
   KOKKOS_FORCEINLINE_FUNCTION Pair pair(std::int64_t j) const {
     static_assert(pairs, "16-bit logits");
     std::uint32_t w;
@@ -1339,9 +1252,6 @@ struct Logits {
 /// Logits of a type the CPU widens (Widened).
 template <class S, Isa L>
 struct widens<Logits<S>, L> : std::bool_constant<have_widen_hw<S, L>> {};
-/// Whether a host policy's statistics store the exps of logits S in pair order (pair_slot, stores_pairs).
-template <class S, class Inner>
-inline constexpr bool exps_in_pairs = is_host_inner_v<Inner>&& stores_pairs_v<Logits<S>>;
 
 /// The map x(z) from a stored logit z to the x of the formulas (docs/design.md, section 1) that a kernel is
 /// compiled for: `none` x = z (logit_scale 1, no softcap: the default), `scale` x = logit_scale z, `softcap`.
@@ -1825,7 +1735,7 @@ class Finalize {
 
   template <class Inner>
   KOKKOS_INLINE_FUNCTION void row(const Inner& in, std::int64_t i) const {
-    const Row k = begin(in, i);
+    const Row k = begin(i);
     if constexpr (What != Write::loss) {
       in.barrier();  // a team: every thread has read the target's logit before the row is written
       if constexpr (piecewise) {
@@ -1843,10 +1753,9 @@ class Finalize {
   /// The piecewise form of row(i) (`piecewise`): begin(i), then write(in, k, a, b) for consecutive column
   /// ranges covering the row, then end(in, k). The target column's value is formed in begin(), before any of
   /// the row is written (in place, the row is the logits').
-  template <class Inner>
-  KOKKOS_INLINE_FUNCTION Row begin(const Inner&, std::int64_t i) const {
+  KOKKOS_INLINE_FUNCTION Row begin(std::int64_t i) const {
     Row k = constants(i);
-    if constexpr (piecewise) k.fix = stored_fix<Inner>(k);
+    if constexpr (piecewise) k.fix = stored_fix(k);
     return k;
   }
   /// Columns [a, b) of the row's gradient (stash); `fence`: as Inner::store's (the last piece of a row must
@@ -2008,22 +1917,23 @@ class Finalize {
   /// exps); with probability targets (k0 + kq q_j) w_j, the row of q read beside the exps (w_j = 1 without class
   /// weights).
   template <class Q, class Z, class F>
-  KOKKOS_INLINE_FUNCTION void with_stored_terms(const Row& k, const Q& q, const Z& z, const T* w, const F& f) const {
+  KOKKOS_INLINE_FUNCTION void with_stored_terms(const Row& k, std::int64_t j0, const Q& q, const Z& z,
+                                                const F& f) const {
     static_assert(Xf != Transform::softcap, "x_j = S z_j here");
     const Params<T>& p = m_a.p;
     const T k0 = k.ka * p.scale, kq = k.gi * (T(1) - p.alpha) * p.scale;
     const bool probs = m_a.q != nullptr;
+    const T* w = p.weights != nullptr && (p.alpha > T(0) || probs) ? p.weights + m_a.begin + j0 : nullptr;
     // Scalars held by value, as in write_from_logits.
-    // The columns' indices j generic: a Half in PairedExps' pairs loop.
-    auto softmax = [](T e, auto, const ChunkK& ck) { return e * ck.f; };
-    auto entropic = [z, scale = p.scale](T e, auto j, const ChunkK& ck) {
+    auto softmax = [](T e, std::int64_t, const ChunkK& ck) { return e * ck.f; };
+    auto entropic = [z, scale = p.scale](T e, std::int64_t j, const ChunkK& ck) {
       const T xj = z(j) * scale;
       return select(e == T(0), T(0), e * (ck.f + ck.fb * (ck.d - (xj - ck.m_c))));
     };
-    auto smooth = [k0](auto) { return k0; };
-    auto smooth_weighted = [k0, w](auto j) { return k0 * w[std::int64_t(j)]; };
-    auto target_probs = [k0, kq, q](auto j) { return k0 + kq * q(j); };
-    auto target_probs_weighted = [k0, kq, q, w](auto j) { return (k0 + kq * q(j)) * w[std::int64_t(j)]; };
+    auto smooth = [k0](std::int64_t) { return k0; };
+    auto smooth_weighted = [k0, w](std::int64_t j) { return k0 * w[j]; };
+    auto target_probs = [k0, kq, q](std::int64_t j) { return k0 + kq * q(j); };
+    auto target_probs_weighted = [k0, kq, q, w](std::int64_t j) { return (k0 + kq * q(j)) * w[j]; };
     auto with_smooth = [&](const auto& term) {
       if (probs && w != nullptr) {
         f(term, target_probs_weighted);
@@ -2041,27 +1951,18 @@ class Finalize {
       with_smooth(entropic);
     }
   }
-  /// The class weights the stored terms read (with smoothing or probability targets), from the rank's first
-  /// column, or null.
-  KOKKOS_INLINE_FUNCTION const T* stored_weights() const {
-    const Params<T>& p = m_a.p;
-    return p.weights != nullptr && (p.alpha > T(0) || m_a.q != nullptr) ? p.weights + m_a.begin : nullptr;
-  }
   /// Row i's target probabilities, or null.
   KOKKOS_INLINE_FUNCTION const S* q_row(std::int64_t i) const {
     return m_a.q == nullptr ? nullptr : m_a.q + i * m_a.ld_q;
   }
   /// The value of the target column (fix_at), formed apart, or 0.
-  template <class Inner>
   KOKKOS_INLINE_FUNCTION T stored_fix(const Row& k) const {
     if constexpr (From == Source::stored_exp) {
       T fix = T(0);
       if (k.fix_at >= 0) {
-        const std::int64_t slot = exps_in_pairs<S, Inner> ? pair_slot(k.c, m_a.n) : k.c;
-        with_stored_terms(
-            k, Logits<S>{q_row(k.i)}, Logits<S>{k.x}, stored_weights(), [&](const auto& term, const auto& smooth) {
-              fix = term(m_stored.exps.row(k.i)[slot], k.c, chunk_k(k, k.c)) - smooth(k.c) - k.kt * k.chain_c;
-            });
+        with_stored_terms(k, 0, Logits<S>{q_row(k.i)}, Logits<S>{k.x}, [&](const auto& term, const auto& smooth) {
+          fix = term(m_stored.exps.row(k.i)[k.c], k.c, chunk_k(k, k.c)) - smooth(k.c) - k.kt * k.chain_c;
+        });
       }
       return fix;
     } else {
@@ -2086,35 +1987,23 @@ class Finalize {
         alignas(64) float qw[chunk_cols], zw[chunk_cols];
         if (qr != nullptr) Inner::widen(j1 - j0, qr + j0, qw, Ahead<Hint::l2>{});
         if (m_a.p.beta != T(0)) Inner::widen(j1 - j0, k.x + j0, zw, Ahead<Hint::l2>{});
-        const T* w = stored_weights();
-        with_stored_terms(k, Widened<false>{qw}, Widened<false>{zw}, w == nullptr ? w : w + j0,
-                          [&](const auto& term, const auto& smooth) {
-                            in.store(
-                                j1 - j0, k.yr + j0, [=](std::int64_t j) { return term(ec[j], j, ck) - smooth(j); },
-                                k.fix_at - j0, G(k.fix), m_store, {}, fence && j1 == b);
-                          });
+        with_stored_terms(k, j0, Widened<false>{qw}, Widened<false>{zw}, [&](const auto& term, const auto& smooth) {
+          in.store(
+              j1 - j0, k.yr + j0, [=](std::int64_t j) { return term(ec[j], j, ck) - smooth(j); }, k.fix_at - j0,
+              G(k.fix), m_store, {}, fence && j1 == b);
+        });
       }
     } else {
       // The same loop with the row's terms formed once, outside it: formed per chunk, as above, they cost
       // bfloat16 `loss_and_grad` 2-5% (the code around the loop; in place at 1 rank x 2 threads on a Zen 4).
-      // Exps in pair order (bfloat16, exps_in_pairs): PairedExps, its lines' values in pair order, the columns'
-      // q and logits (entropy weight) read a pair per 32-bit load (Half; read at the columns' own places from
-      // that loop, probability targets and the entropy weight took 2-2.5x their time: perf_tests/NOTES.md,
-      // issue 12, thirty-ninth round).
-      with_stored_terms(k, Logits<S>{qr}, Logits<S>{k.x}, stored_weights(), [&](const auto& term, const auto& smooth) {
+      with_stored_terms(k, 0, Logits<S>{qr}, Logits<S>{k.x}, [&](const auto& term, const auto& smooth) {
         for (std::int64_t c0 = a - a % chunk_cols; c0 < b; c0 += chunk_cols) {
           const std::int64_t j0 = c0 > a ? c0 : a, j1 = c0 + chunk_cols < b ? c0 + chunk_cols : b;
           const ChunkK ck = chunk_k(k, j0);
-          if constexpr (exps_in_pairs<S, Inner>) {
-            auto value = [=](auto c, T e) { return term(e, c, ck) - smooth(c); };
-            in.store(j1 - j0, k.yr + j0, PairedExps<T, decltype(value)>{er, j0, m_a.n, value}, k.fix_at - j0, G(k.fix),
-                     m_store, {}, fence && j1 == b);
-          } else {
-            const T* ec = er + j0;
-            in.store(
-                j1 - j0, k.yr + j0, [=](std::int64_t j) { return term(ec[j], j0 + j, ck) - smooth(j0 + j); },
-                k.fix_at - j0, G(k.fix), m_store, {}, fence && j1 == b);
-          }
+          const T* ec = er + j0;
+          in.store(
+              j1 - j0, k.yr + j0, [=](std::int64_t j) { return term(ec[j], j0 + j, ck) - smooth(j0 + j); },
+              k.fix_at - j0, G(k.fix), m_store, {}, fence && j1 == b);
         }
       });
     }

@@ -27,8 +27,7 @@
 #endif
 // The CPU's float -> 16-bit conversions (round_line_hw), where the compiler targets them (float16: F16C with
 // AVX2, x86-64-v3 and later).
-#if VPCE_HAVE_STREAMING_STORES && defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && \
-    defined(__AVX512VL__)
+#if VPCE_HAVE_STREAMING_STORES && defined(__AVX512BF16__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
 #define VPCE_HW_ROUND_BFLOAT16 1
 #else
 #define VPCE_HW_ROUND_BFLOAT16 0
@@ -108,11 +107,9 @@ KOKKOS_FORCEINLINE_FUNCTION VPCE_NEEDS("avx2") __m256i round_bfloat16_int(__m256
 
 /// round_line_hw's form in 256-bit registers by AVX2's and F16C's instructions: bfloat16 by its integer steps
 /// (round_bfloat16_int), float16 by vcvtps2ph unless the line holds a NaN (false: see round_line_hw). f is
-/// read in 256-bit pieces, the width GCC stores it in (see stream_line), also with AVX-512. `Pairs` (bfloat16):
-/// f in pair order (round_line_hw), each pair's two results joined in its 32-bit lane by a shift and an or.
-template <class G, bool Pairs = false>
+/// read in 256-bit pieces, the width GCC stores it in (see stream_line), also with AVX-512.
+template <class G>
 KOKKOS_FORCEINLINE_FUNCTION VPCE_NEEDS("avx2,f16c") bool round_line_256(G* line, const float* f) {
-  static_assert(!Pairs || std::is_same_v<G, bfloat16>, "pairs of bfloat16");
   __m256 v[4];
   unsigned nan = 0;
   for (std::ptrdiff_t k = 0; k < 4; ++k) {
@@ -120,12 +117,7 @@ KOKKOS_FORCEINLINE_FUNCTION VPCE_NEEDS("avx2,f16c") bool round_line_256(G* line,
     if constexpr (std::is_same_v<G, float16>)
       nan |= unsigned(_mm256_movemask_ps(_mm256_cmp_ps(v[k], v[k], _CMP_UNORD_Q)));
   }
-  if constexpr (Pairs) {
-    for (std::ptrdiff_t k = 0; k < 2; ++k) {
-      const __m256i odd = _mm256_slli_epi32(round_bfloat16_int(v[2 + k]), 16);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(line) + k, _mm256_or_si256(round_bfloat16_int(v[k]), odd));
-    }
-  } else if constexpr (std::is_same_v<G, bfloat16>) {
+  if constexpr (std::is_same_v<G, bfloat16>) {
     for (std::ptrdiff_t k = 0; k < 2; ++k) {
       // vpackusdw packs within 128-bit lanes (a 0-3, b 0-3, a 4-7, b 4-7); vpermq puts them in order
       const __m256i packed = _mm256_packus_epi32(round_bfloat16_int(v[2 * k]), round_bfloat16_int(v[2 * k + 1]));
@@ -167,24 +159,15 @@ KOKKOS_FORCEINLINE_FUNCTION VPCE_NEEDS("avx512f") __m512i round_bfloat16_int(__m
 /// into halves and passed the line through the stack (bfloat16 `loss_and_grad` -8 to -9%, backward -20%, on an
 /// AMD EPYC Zen 5: perf_tests/NOTES.md, issue 12, seventeenth round). bfloat16 by AVX512-BF16's vcvtne2ps2bf16
 /// where `HwBf16` (false for a line with a subnormal: see round_line_hw), else by its integer steps; float16 by
-/// vcvtps2ph unless the line holds a NaN. `Pairs` (bfloat16): f in pair order (round_line_hw), interleaved by
-/// one vpermw after vcvtne2ps2bf16, or joined by a shift and an or after the integer steps.
-template <class G, bool HwBf16, bool Pairs = false>
+/// vcvtps2ph unless the line holds a NaN.
+template <class G, bool HwBf16>
 KOKKOS_FORCEINLINE_FUNCTION VPCE_NEEDS("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c") bool round_line_512(
     G* line, const float* f) {
-  static_assert(!Pairs || std::is_same_v<G, bfloat16>, "pairs of bfloat16");
   const __m512 lo = _mm512_loadu_ps(f), hi = _mm512_loadu_ps(f + 16);
   __m512i out;
   if constexpr (std::is_same_v<G, bfloat16> && HwBf16) {
     if ((_mm512_fpclass_ps_mask(lo, 0x20) | _mm512_fpclass_ps_mask(hi, 0x20)) != 0) return false;  // subnormal
     out = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
-    if constexpr (Pairs) {
-      const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
-                                             21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-      out = _mm512_permutexvar_epi16(order, out);
-    }
-  } else if constexpr (Pairs) {
-    out = _mm512_or_si512(round_bfloat16_int(lo), _mm512_slli_epi32(round_bfloat16_int(hi), 16));
   } else if constexpr (std::is_same_v<G, bfloat16>) {
     // vpackusdw packs within 128-bit lanes (lo 0-3, hi 0-3, lo 4-7, ...); vpermq puts the quadwords in order
     const __m512i packed = _mm512_packus_epi32(round_bfloat16_int(lo), round_bfloat16_int(hi));
@@ -229,9 +212,9 @@ KOKKOS_FORCEINLINE_FUNCTION VPCE_NEEDS("avx512f") void max16_512(const float* v,
 /// row of a copy, and what a row calls apart on purpose: Apart, kernels.hpp).
 template <>
 struct Copy<Isa::v3> {
-  template <class G, bool Pairs>
+  template <class G>
   __attribute__((target(VPCE_TARGET_V3))) static bool round_line(G* line, const float* f) {
-    return round_line_256<G, Pairs>(line, f);
+    return round_line_256(line, f);
   }
   __attribute__((target(VPCE_TARGET_V3))) static void widen16(const float16* x, float* f) { widen16_256(x, f); }
   template <bool Whole>
@@ -245,9 +228,9 @@ struct Copy<Isa::v3> {
 };
 template <>
 struct Copy<Isa::v4> {
-  template <class G, bool Pairs>
+  template <class G>
   __attribute__((target(VPCE_TARGET_V4))) static bool round_line(G* line, const float* f) {
-    return round_line_256<G, Pairs>(line, f);
+    return round_line_256(line, f);
   }
   __attribute__((target(VPCE_TARGET_V4))) static void widen16(const float16* x, float* f) { widen16_256(x, f); }
   __attribute__((target(VPCE_TARGET_V4))) static void exp_lanes16(const float (&u)[16], float (&e)[16]) {
@@ -269,9 +252,9 @@ struct Copy<Isa::v4> {
 };
 template <>
 struct Copy<Isa::v4bf16> {
-  template <class G, bool Pairs>
+  template <class G>
   __attribute__((target(VPCE_TARGET_V4_BF16))) static bool round_line(G* line, const float* f) {
-    return round_line_512<G, true, Pairs>(line, f);
+    return round_line_512<G, true>(line, f);
   }
   __attribute__((target(VPCE_TARGET_V4_BF16))) static void widen16(const float16* x, float* f) { widen16_512(x, f); }
   __attribute__((target(VPCE_TARGET_V4_BF16))) static void exp_lanes16(const float (&u)[16], float (&e)[16]) {
@@ -377,19 +360,15 @@ inline constexpr bool round_line_whole = have_round_line_hw<G, L> &&
 /// rounds it in software. So the bits never depend on the ISA (test_math checks every 61st float). In software
 /// the rounding is ~10 (bfloat16) to ~20 (float16) integer operations per vector. Without AVX512-BF16,
 /// bfloat16(float)'s integer steps written in AVX2's or AVX-512's instructions (round_bfloat16_int): the same
-/// bits for every float, every line rounded here. `Pairs` (bfloat16 only): f in pair order, f[l] and f[16 + l]
-/// the values of columns 2l and 2l + 1 (a scratch of exps in pair order: HostInner::sums_max_pairs).
-template <class G, Isa L, bool Pairs = false>
+/// bits for every float, every line rounded here.
+template <class G, Isa L>
 KOKKOS_FORCEINLINE_FUNCTION bool round_line_hw(G* line, const float* f) {
   static_assert(is_16bit_v<G>, "a 16-bit type");
-  static_assert(!Pairs || std::is_same_v<G, bfloat16>, "pairs of bfloat16");
 #if VPCE_HOST_CLONES
-  if constexpr (L != Isa::build) return Copy<L>::template round_line<G, Pairs>(line, f);
+  if constexpr (L != Isa::build) return Copy<L>::round_line(line, f);
 #endif
 #if VPCE_WHOLE_16BIT_LINES && (VPCE_HW_ROUND_BFLOAT16 || VPCE_HW_ROUND_FLOAT16 || VPCE_INT_ROUND_BFLOAT16)
-  if constexpr (have_round_line_hw<G, Isa::build>) {
-    return round_line_512<G, VPCE_HW_ROUND_BFLOAT16 != 0, Pairs>(line, f);
-  }
+  if constexpr (have_round_line_hw<G, Isa::build>) return round_line_512<G, VPCE_HW_ROUND_BFLOAT16 != 0>(line, f);
 #elif VPCE_HW_ROUND_BFLOAT16 || VPCE_HW_ROUND_FLOAT16 || VPCE_INT_ROUND_BFLOAT16
 #if VPCE_HW_ROUND_BFLOAT16
   if constexpr (std::is_same_v<G, bfloat16>) {
@@ -402,19 +381,13 @@ KOKKOS_FORCEINLINE_FUNCTION bool round_line_hw(G* line, const float* f) {
     }
     if (subnormal != 0) return false;
     for (std::ptrdiff_t k = 0; k < 2; ++k) {
-      if constexpr (Pairs) {  // columns 16k to 16k + 15: the values of pairs 8k to 8k + 7, interleaved by vpermw
-        const __m256i order = _mm256_set_epi16(15, 7, 14, 6, 13, 5, 12, 4, 11, 3, 10, 2, 9, 1, 8, 0);
-        const __m256i both = reinterpret_cast<__m256i>(_mm256_cvtne2ps_pbh(v[2 + k], v[k]));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(line) + k, _mm256_permutexvar_epi16(order, both));
-      } else {
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(line) + k,
-                            reinterpret_cast<__m256i>(_mm256_cvtne2ps_pbh(v[2 * k + 1], v[2 * k])));
-      }
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(line) + k,
+                          reinterpret_cast<__m256i>(_mm256_cvtne2ps_pbh(v[2 * k + 1], v[2 * k])));
     }
     return true;
   }
 #endif
-  if constexpr (have_round_line_hw<G, Isa::build>) return round_line_256<G, Pairs>(line, f);
+  if constexpr (have_round_line_hw<G, Isa::build>) return round_line_256(line, f);
 #endif
   (void)line;
   (void)f;
