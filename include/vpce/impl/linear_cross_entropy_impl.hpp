@@ -512,9 +512,11 @@ void LinearCrossEntropy<Scalar, ExecSpace>::run(const Call& call) {
     }
     if (sp) {
       impl::ScopedRegion r("vpce::collective");
+      // This rank's rows of the chunk in its own gradient; none: an empty part at its start, never a
+      // pointer past its end (which may be another buffer's, e.g. the chunk's: MPI rejects aliased buffers).
+      const std::int64_t g0 = mine1 > mine0 ? (r0 + mine0 - my_begin) * h : 0;
       impl::reduce_scatter_sum(m_exec, grad_chunk.part(std::make_pair(std::int64_t(0), c * h)),
-                               my_grad.part(std::make_pair((r0 + mine0 - my_begin) * h, (r0 + mine1 - my_begin) * h)),
-                               value_counts, m_comm.comm());
+                               my_grad.part(std::make_pair(g0, g0 + (mine1 - mine0) * h)), value_counts, m_comm.comm());
     }
   }
 
