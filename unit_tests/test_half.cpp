@@ -174,6 +174,76 @@ TYPED_TEST(HalfTest, TargetGradientRoundedOnce) {
                   "16-bit gradient with a confident target", w);
 }
 
+// Rows of several 4096-column chunks per rank (the host's statistics chunk by chunk, their exps stored), 64-byte
+// aligned (a multiple of 32 columns per rank: lines whole from the first column) and not,
+// with a chunk's max more than 80 above the running max (a chunk done again), a first chunk all -inf, and with
+// the options whose gradients read more than the exps (label smoothing with class weights, the entropy weight
+// reading the logits, the z-loss, a logit scale): the float and 16-bit gradients (in place too) and the loss
+// against the reference, blocks of one row (the gradient written in step with the next row's statistics) and
+// the automatic ones.
+TYPED_TEST(HalfTest, LongRowsEveryOption) {
+  using F = typename TestFixture::float_C;
+  const int ranks = this->comm.size();
+  for (const std::int64_t per_rank : {std::int64_t(2 * 4096 + 96), std::int64_t(2 * 4096 + 77)}) {
+    const auto part = vpce::VocabPartition::even(per_rank * ranks, this->comm);
+    const std::int64_t w = part.local_size();
+    Problem p = make_problem<float>(6, part.vocab_size(), 31 + per_rank);
+    for (int r = 0; r < ranks; ++r) {
+      const std::int64_t b = part.begin(r);
+      for (std::int64_t j = 0; j < part.local_size(r); ++j) {
+        p.at(1, b + j) = -150.0 + 300.0 * double(j) / double(part.local_size(r)) + p.at(1, b + j) - 80.0;
+        if (j < 4200) p.at(2, b + j) = -kInf;
+      }
+      p.at(4, b + 100) = 120.0;
+      p.at(4, b + 5000) = 250.0;
+    }
+    p.y[2] = p.v - 1;
+    for (auto& v : p.x) v = TestFixture::round16(v);
+    std::vector<double> cw(p.v);
+    for (std::int64_t j = 0; j < p.v; ++j) cw[j] = j % 7 == 3 ? 0.0 : 0.5 + double(j % 4) * 0.375;
+    Kokkos::View<float*, typename TestFixture::memory_space> local_w("w", w);
+    auto h_w = Kokkos::create_mirror_view(local_w);
+    for (std::int64_t j = 0; j < w; ++j) h_w(j) = float(cw[part.begin() + j]);
+    Kokkos::deep_copy(local_w, h_w);
+    const auto x = TestFixture::logits(p, part.begin(), w);
+    const auto in = make_local<F>(p, part);
+    const std::vector<double> scale(p.n, kGradScale);
+    const auto s = static_cast<float>(kGradScale);
+    std::vector<vpce::Options> opts(4);
+    opts[1].label_smoothing = 0.1;
+    opts[2].entropy_weight = 0.05;
+    opts[2].z_loss = 1e-3;
+    opts[3].logit_scale = 0.5;
+    for (std::size_t o = 0; o < opts.size(); ++o) {
+      const bool weighted = o == 1;
+      const Reference ref = reference(p, opts[o], weighted ? &cw : nullptr);
+      for (const std::int64_t rows : {std::int64_t(1), std::int64_t(0)}) {
+        vpce::Options opt = opts[o];
+        opt.block_rows = rows;
+        typename TestFixture::cross_entropy ce(this->comm, part, opt);
+        if (weighted) ce.set_class_weights(local_w);
+        const std::string what =
+            "V_local " + std::to_string(w) + ", options " + std::to_string(o) + ", " + describe(opt);
+        auto loss = poisoned_vector<F>(p.n);
+        auto g1 = poisoned_matrix<F>(p.n, w);
+        ce.loss_and_grad(x, in.y, loss, g1, in.g);
+        expect_allclose(to_host(loss), ref.loss, Tolerance<float>::loss, what + ": loss");
+        expect_allclose(to_host(g1), expected_grad(ref, p, part.begin(), w, p.g), Tolerance<float>::grad,
+                        what + ": float gradient", w);
+        typename TestFixture::storage_matrix g2("g16", p.n, w);
+        ce.loss_and_grad(x, in.y, loss, g2, s);
+        TestFixture::expect_grad16(TestFixture::to_host16(g2), ref, p, part, scale, what + ": 16-bit gradient");
+        typename TestFixture::storage_matrix buf("buf16", p.n, w);
+        Kokkos::deep_copy(buf, x);
+        ce.loss_and_grad(buf, in.y, loss, buf, s);
+        expect_allclose(to_host(loss), ref.loss, Tolerance<float>::loss, what + ": loss in place");
+        TestFixture::expect_grad16(TestFixture::to_host16(buf), ref, p, part, scale,
+                                   what + ": 16-bit gradient in place");
+      }
+    }
+  }
+}
+
 // Non-finite 16-bit logits: NaN is an error on every rank; a row half -inf gives a finite, right loss.
 TYPED_TEST(HalfTest, NonFinite) {
   using F = typename TestFixture::float_C;
