@@ -330,16 +330,25 @@ std::vector<Record> run_typed(const Communicator& comm, const Config& cfg) {
     });
   }
   // Probability targets (Options::probability_targets): a target distribution per row (uniform, 1/V each,
-  // exact in every type) read beside the logits: one more read of N x V_local, and no stored exps.
-  if (wanted(cfg, "loss_and_grad/fused/probs")) {
+  // exact in every type) read beside the logits: one more read of N x V_local, and no stored exps. Also the
+  // recompute backward with them (after one forward): q read beside the logits.
+  if (wanted(cfg, "loss_and_grad/fused/probs") || wanted(cfg, "backward/fused/recompute/probs")) {
     Kokkos::View<S**, Kokkos::LayoutRight> probs(Kokkos::view_alloc(Kokkos::WithoutInitializing, "vpce_bench::probs"),
                                                  n, v);
     Kokkos::deep_copy(probs, S(T(1.0 / double(part.vocab_size()))));
+    const typename CrossEntropy<S>::probs_view q(probs);
     Options opt = base;
     opt.probability_targets = true;
-    CrossEntropy<S> ce(comm, part, opt);
-    add("loss_and_grad/fused/probs", 3 * elem_bytes,
-        [&] { ce.loss_and_grad(logits, typename CrossEntropy<S>::probs_view(probs), loss, out, T(1)); });
+    if (wanted(cfg, "loss_and_grad/fused/probs")) {
+      CrossEntropy<S> ce(comm, part, opt);
+      add("loss_and_grad/fused/probs", 3 * elem_bytes, [&] { ce.loss_and_grad(logits, q, loss, out, T(1)); });
+    }
+    if (wanted(cfg, "backward/fused/recompute/probs")) {
+      opt.mode = Mode::recompute;
+      CrossEntropy<S> ce(comm, part, opt);
+      ce.forward(logits, q, loss);
+      add("backward/fused/recompute/probs", 3 * elem_bytes, [&] { ce.backward(T(1), out); });
+    }
   }
   for (std::size_t k = 0; k < ceilings.size(); ++k) {  // the ceilings again, after the calls
     std::vector<double> ms = ceilings[k].ms;

@@ -1840,8 +1840,11 @@ class Finalize {
     // fp32 -12%, bfloat16 -9%, float16 -6% by value; perf_tests/NOTES.md, issue 12, twenty-fourth round).
     constexpr ExpAccuracy A = exp_accuracy<S>;
     constexpr Isa L = Inner::isa;
+    auto target_fix = [&](const auto& term, const auto& smooth) {
+      return G(c >= 0 ? ((term(xc, exp_per_element<A, L>(xc - l)) - smooth(c)) - kt) * chain_c : T(0));
+    };
     auto write_row = [&](const auto& term, const auto& smooth) {
-      const G fix = G(c >= 0 ? ((term(xc, exp_per_element<A, L>(xc - l)) - smooth(c)) - kt) * chain_c : T(0));
+      const G fix = target_fix(term, smooth);
       auto xs = [p, x](std::int64_t j) { return p.template transform<Xf>(to_compute(x[j])); };
       auto value = [term, smooth, p](std::int64_t j, T xj, T e) {
         return (term(xj, e) - smooth(j)) * p.template chain<Xf>(xj);
@@ -1880,11 +1883,41 @@ class Finalize {
     const T kq = gi * (T(1) - p.alpha);
     auto probs = [ka, kq, qr](std::int64_t j) { return ka + kq * to_compute(qr[j]); };
     auto probs_weighted = [ka, kq, qr, w](std::int64_t j) { return (ka + kq * to_compute(qr[j])) * w[j]; };
+    // Where the host widens float16 by F16C (write_row's WidenedExpValue), the row's q too, a chunk at a time
+    // first, as write_stored does: read in the loop, each vector of q took ~10 integer operations (the backward
+    // with probability targets 2.9x slower in cache on a Zen 5; perf_tests/NOTES.md, issue 12, fortieth round).
+    auto write_probs = [&](const auto& term, const auto& smooth) {
+      if constexpr (have_widen_hw<S, L> && is_host_inner_v<Inner>) {
+        const G fix = target_fix(term, smooth);
+        auto transform = [p](T z) { return p.template transform<Xf>(z); };
+        for (std::int64_t c0 = 0; c0 < m_a.n; c0 += chunk_cols) {
+          const std::int64_t len = m_a.n - c0 < chunk_cols ? m_a.n - c0 : chunk_cols;
+          alignas(64) float qw[chunk_cols];
+          Inner::widen(len, qr + c0, qw, Ahead<Hint::l2>{});
+          auto write = [&](const auto& smooth_c) {  // smooth_c(j): column c0 + j's
+            auto value = [term, smooth_c, p](std::int64_t j, T xj, T e) {
+              return (term(xj, e) - smooth_c(j)) * p.template chain<Xf>(xj);
+            };
+            in.store(len, yr + c0,
+                     WidenedExpValue<T, A, L, S, decltype(transform), decltype(value)>{x + c0, transform, l, value},
+                     fix_at - c0, fix, m_store, Ahead<read_hint<S>>::of(x + c0), c0 + len == m_a.n);
+          };
+          const float* qc = qw;
+          if (weighted) {
+            write([ka, kq, qc, wc = w + c0](std::int64_t j) { return (ka + kq * qc[j]) * wc[j]; });
+          } else {
+            write([ka, kq, qc](std::int64_t j) { return ka + kq * qc[j]; });
+          }
+        }
+      } else {
+        write_row(term, smooth);
+      }
+    };
     auto with_term = [&](const auto& term) {
       if (qr != nullptr && weighted) {
-        write_row(term, probs_weighted);
+        write_probs(term, probs_weighted);
       } else if (qr != nullptr) {
-        write_row(term, probs);
+        write_probs(term, probs);
       } else if (weighted && p.alpha > T(0)) {
         write_row(term, smooth_weighted);
       } else {
