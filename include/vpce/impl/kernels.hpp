@@ -1885,7 +1885,7 @@ class Finalize {
     auto probs_weighted = [ka, kq, qr, w](std::int64_t j) { return (ka + kq * to_compute(qr[j])) * w[j]; };
     // Where the host widens float16 by F16C (write_row's WidenedExpValue), the row's q too, a chunk at a time
     // first, as write_stored does: read in the loop, each vector of q took ~10 integer operations (the backward
-    // with probability targets 2.9x slower in cache on a Zen 5; perf_tests/NOTES.md, issue 12, fortieth round).
+    // with probability targets 2.7x slower in cache on a Zen 5; perf_tests/NOTES.md, issue 12, fortieth round).
     auto write_probs = [&](const auto& term, const auto& smooth) {
       if constexpr (have_widen_hw<S, L> && is_host_inner_v<Inner>) {
         const G fix = target_fix(term, smooth);
