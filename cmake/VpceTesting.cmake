@@ -65,7 +65,7 @@ endfunction()
 #   LABELS       added to the label "mpi" that every such test has.
 #   TIMEOUT      seconds (default: CTest's).
 #   PROPERTIES   any other test properties (FIXTURES_SETUP, RUN_SERIAL, ...), set last: they may override
-#                PROCESSORS, which is the rank count by default.
+#                PROCESSORS, which is the rank count times THREADS by default.
 function(vpce_add_mpi_test)
   cmake_parse_arguments(PARSE_ARGV 0 arg "" "NAME;TARGET;THREADS;TIMEOUT"
                         "COMMAND;RANKS;ARGS;ENVIRONMENT;LABELS;PROPERTIES")
@@ -103,7 +103,11 @@ function(vpce_add_mpi_test)
     string(REPLACE "@NP@" "${np}" np_properties "${arg_PROPERTIES}")
 
     add_test(NAME ${name} COMMAND ${command})
-    set_tests_properties(${name} PROPERTIES PROCESSORS ${np} LABELS "${labels}" ENVIRONMENT "${np_env}")
+    # PROCESSORS: every rank's OpenMP threads. libgomp's threads spin at each barrier before they sleep, so two
+    # tests of 2 threads each on 2 cores ran 4-5x slower than one after the other (Debug, MPICH's -j 2: 6 s
+    # alone, 29 s beside another); once two such tests ran past their 600 s timeout in CI.
+    math(EXPR processors "${np} * ${arg_THREADS}")
+    set_tests_properties(${name} PROPERTIES PROCESSORS ${processors} LABELS "${labels}" ENVIRONMENT "${np_env}")
     if(DEFINED arg_TIMEOUT)
       set_tests_properties(${name} PROPERTIES TIMEOUT ${arg_TIMEOUT})
     endif()
