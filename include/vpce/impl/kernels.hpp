@@ -221,7 +221,20 @@ struct ColumnsFrom {
   std::int64_t j0;
   KOKKOS_FORCEINLINE_FUNCTION auto operator()(std::int64_t j) const { return z(j0 + j); }
   KOKKOS_FORCEINLINE_FUNCTION auto pair(std::int64_t j) const { return z.pair(j0 + j); }
+  /// z.widen32(j0 + j, w), where z has it (Logits of bfloat16).
+  template <class W = Z>
+  KOKKOS_FORCEINLINE_FUNCTION auto widen32(std::int64_t j, float* w) const
+      -> decltype(std::declval<const W&>().widen32(j, w)) {
+    return z.widen32(j0 + j, w);
+  }
 };
+
+/// Whether the terms f of HostInner::sums_max read a row that widens 32 columns at a time (Logits::widen32).
+template <class F, class = void>
+struct widens32 : std::false_type {};
+template <class F>
+struct widens32<F, std::void_t<decltype(std::declval<const F&>().z.widen32(std::int64_t(0), (float*)nullptr))>>
+    : std::true_type {};
 
 /// Rows of a matrix a kernel writes or reads: row i at data + (i - row0) * ld.
 template <class U>
@@ -332,6 +345,23 @@ struct HostInner {
               part[0][l] += t.v[0];
               if constexpr (K > 1) part[1][l] += t.v[1];
             }
+          } else if constexpr (MaxApart && have_max16_hw<T, L> && lanes == 32 && L == Isa::build &&
+                               widens32<F>::value) {
+            // bfloat16 logits whose exps are stored (loss_and_grad, the stash), where the build has AVX512BW:
+            // the 32 columns widened by two vpermw (Logits::widen32) instead of GCC's extract, two vpmovzxwd and
+            // two shifts, on the pipes the exps use; GCC keeps w in registers. The same values in the same
+            // lanes: the same bits. bfloat16 `loss_and_grad` -6% with rows in L3 (AMD Zen 5; perf_tests/NOTES.md,
+            // issue 12, forty-first round). The copies of a build for no CPU in particular keep GCC's widening.
+            alignas(64) T w[32];
+            f.z.widen32(j, w);
+            VPCE_SIMD
+            for (std::int64_t l = 0; l < 32; ++l) {
+              const Terms<T, K> e = f.at(j + l, w[l]);
+              part[0][l] += e.v[0];
+              if constexpr (K > 1) part[1][l] += e.v[1];
+            }
+            max16_hw<L>(w, mx);
+            max16_hw<L>(w + 16, mx + 16);
           } else {
             constexpr bool apart = MaxApart && have_max16_hw<T, L>;
             alignas(64) T vs[lanes];  // with `apart`: the values whose max max16_hw takes after the loop
@@ -1234,6 +1264,13 @@ struct Logits {
   };
   const S* x;
   KOKKOS_FORCEINLINE_FUNCTION compute_type_t<S> operator()(std::int64_t j) const { return to_compute(x[j]); }
+#if VPCE_WIDEN32_BFLOAT16
+  /// w[l] = column j + l for l < 32 (widen32_bf16_512), for bfloat16 where the build has it.
+  template <class U = S, std::enable_if_t<std::is_same_v<U, bfloat16>, int> = 0>
+  KOKKOS_FORCEINLINE_FUNCTION void widen32(std::int64_t j, float* w) const {
+    widen32_bf16_512(x + j, w);
+  }
+#endif
   KOKKOS_FORCEINLINE_FUNCTION Pair pair(std::int64_t j) const {
     static_assert(pairs, "16-bit logits");
     std::uint32_t w;

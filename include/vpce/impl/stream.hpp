@@ -191,6 +191,25 @@ KOKKOS_FORCEINLINE_FUNCTION VPCE_NEEDS("avx512f,f16c") void widen16_512(const fl
 }
 #endif
 
+#if VPCE_HAVE_STREAMING_STORES && VPCE_WHOLE_16BIT_LINES && defined(__AVX512BW__)
+#define VPCE_WIDEN32_BFLOAT16 1
+/// w[l] = float(x[l]) for l < 32, x bfloat16 (a float's upper half): two zero-masked vpermw put column l in the
+/// upper half of lane l, in column order, where GCC's own widening takes an extract, two vpmovzxwd and two shifts
+/// (HostInner::sums_max). Where the build prefers 512-bit vectors, so that the loop reading w reads it in the
+/// two 512-bit halves written here.
+KOKKOS_FORCEINLINE_FUNCTION VPCE_NEEDS("avx512bw") void widen32_bf16_512(const bfloat16* x, float* w) {
+  alignas(64) static constexpr std::uint16_t lo[32] = {0, 0, 0, 1, 0, 2,  0, 3,  0, 4,  0, 5,  0, 6,  0, 7,
+                                                       0, 8, 0, 9, 0, 10, 0, 11, 0, 12, 0, 13, 0, 14, 0, 15};
+  alignas(64) static constexpr std::uint16_t hi[32] = {0, 16, 0, 17, 0, 18, 0, 19, 0, 20, 0, 21, 0, 22, 0, 23,
+                                                       0, 24, 0, 25, 0, 26, 0, 27, 0, 28, 0, 29, 0, 30, 0, 31};
+  const __m512i v = _mm512_loadu_si512(x);
+  _mm512_store_ps(w, _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xaaaaaaaau, _mm512_load_si512(lo), v)));
+  _mm512_store_ps(w + 16, _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xaaaaaaaau, _mm512_load_si512(hi), v)));
+}
+#else
+#define VPCE_WIDEN32_BFLOAT16 0
+#endif
+
 #if VPCE_HOST_CLONES || (VPCE_HAVE_STREAMING_STORES && defined(__AVX512F__))
 /// max16_hw's forms: mx[l] = v[l] > mx[l] ? v[l] : mx[l] for l < 16 by vmaxps, in 256-bit or 512-bit registers
 /// (the instruction's own rule: the second operand where the first is not greater, NaN among them).
