@@ -245,7 +245,11 @@ configure_vpce() {
   fi
   args+=(-DVPCE_CLANG_TIDY_CACHE="$VPCE_CACHE/clang-tidy")  # clean clang-tidy results (the vpce_clang_tidy test)
   if command -v ccache >/dev/null 2>&1; then
-    export CCACHE_DIR=${CCACHE_DIR:-$VPCE_CACHE/ccache}
+    if [ -z "${CCACHE_DIR:-}" ]; then
+      # At most 2 GB (ccache's default is 5 GB; the disk is shared with the build folders): a week of CI runs
+      # over changing kernels left 1.1 GB here.
+      export CCACHE_DIR=$VPCE_CACHE/ccache CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-2G}
+    fi
     # Hits across clones at other paths (CI clones afresh): ccache hashes, and hands the compiler, the paths
     # under the clone relative to the build folder, and leaves the folder out of the -g builds' hash. So
     # __FILE__ in vpce's error locations reads ../include/... in these builds, and the debug information of

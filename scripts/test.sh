@@ -34,6 +34,11 @@
 #                   The environment variable VPCE_TEST_CONFIGS="default asan mpich clang cuda" does the same.
 #                   A developer's quick run: scripts/test.sh --config default
 # VPCE_BUILD, when set, is the default configuration's folder; the others get -asan, -mpich, -clang, -cuda appended.
+# Disk: a configuration other than default that passed has its build folder removed (VPCE_TEST_KEEP_BUILDS=1 keeps
+# it; a failed one is always kept). The asan folder alone takes ~4.6 GB (-O0 instrumented code), and the five
+# together took 11 GB, which filled the disk of a CI machine (an external CI run failed on it, in a link).
+# mpich and cuda build without debug information (CMAKE_CXX_FLAGS_DEBUG empty, no -g: they are Debug for -O0 and
+# the asserts; debug information made two thirds of the mpich folder's 3.7 GB).
 # Every configuration runs even when one fails; the exit status is non-zero when any failed, and a summary
 # with the time of each is printed at the end.
 set -euo pipefail
@@ -79,12 +84,14 @@ asan_cmake_args="$extra_cmake_args -DVPCE_ENABLE_DETERMINISM_TESTS=OFF -DVPCE_EN
 # (impl/isa.hpp, VPCE_HOST_CLONES) run their tests in CI: the CPU's own, and the unit tests again at each lower
 # level (vpce_unit_copy_*; the vectorisation check reads their object code).
 mpich_cmake_args="${VPCE_CMAKE_ARGS:--DVPCE_ENABLE_NATIVE=OFF} -DVPCE_ENABLE_BENCHMARKS=OFF -DVPCE_ENABLE_ISA_TESTS=OFF"
+mpich_cmake_args+=" -DCMAKE_CXX_FLAGS_DEBUG="
+cuda_cmake_args="${VPCE_CMAKE_ARGS:--DVPCE_ENABLE_NATIVE=ON} -DCMAKE_CXX_FLAGS_DEBUG="
 # Clang's: the library and the unit tests (what differs between compilers is the kernels' code), no more.
 clang_cmake_args="${VPCE_CMAKE_ARGS:--DVPCE_ENABLE_NATIVE=ON} -DVPCE_ENABLE_BENCHMARKS=OFF -DVPCE_ENABLE_TOOL=OFF"
 clang_cmake_args+=" -DVPCE_ENABLE_EXAMPLES=OFF -DVPCE_ENABLE_DETERMINISM_TESTS=OFF -DVPCE_ENABLE_ISA_TESTS=OFF"
 clang_only='^vpce_unit_(np1|np2|math_np1)$'
 if [ "${VPCE_TEST_FULL:-0}" = 1 ]; then
-  asan_cmake_args=$extra_cmake_args mpich_cmake_args="${mpich_cmake_args% -DVPCE_ENABLE_ISA_TESTS=OFF}"
+  asan_cmake_args=$extra_cmake_args mpich_cmake_args=${mpich_cmake_args/ -DVPCE_ENABLE_ISA_TESTS=OFF/}
 fi
 
 run_config() {  # name
@@ -108,6 +115,7 @@ run_config() {  # name
       cuda)
         # Debug: the host side at -O0 (the device code is optimised either way), a quarter less compile time.
         export VPCE_MPI=openmpi VPCE_SANITIZE=0 VPCE_CUDA=1 VPCE_COMPILER=gcc VPCE_BUILD=$base_build-cuda
+        export VPCE_CMAKE_ARGS=$cuda_cmake_args
         export VPCE_BUILD_TYPE=${VPCE_BUILD_TYPE:-Debug} ;;
       clang)
         export VPCE_MPI=openmpi VPCE_SANITIZE=0 VPCE_CUDA=0 VPCE_COMPILER=clang VPCE_BUILD=$base_build-clang
@@ -116,6 +124,8 @@ run_config() {  # name
       *) echo "[vpce test] unknown configuration '$name' (default, asan, mpich, clang, cuda, all)" >&2; exit 2 ;;
     esac
     [ "${VPCE_TEST_FULL:-0}" = 1 ] && skip=()
+    mkdir -p "$(dirname "$VPCE_BUILD")"
+    echo "[vpce test] $name: $(df -h --output=avail "$(dirname "$VPCE_BUILD")" | tail -n 1 | tr -d ' ') free on the build folder's disk"
     # shellcheck source=scripts/setup.sh
     source "$VPCE_SRC/scripts/setup.sh"
     cd "$VPCE_BUILD"
@@ -151,6 +161,10 @@ for c in "${configs[@]}"; do
   rc=$?
   set -e
   if [ $rc = 0 ]; then status=passed; else status="FAILED (status $rc)"; failed+=("$c"); fi
+  if [ $rc = 0 ] && [ "$c" != default ] && [ "${VPCE_TEST_KEEP_BUILDS:-0}" != 1 ]; then
+    rm -rf "$base_build-$c"
+    status+=" (build folder removed)"
+  fi
   summary+=("$c: $status in $((SECONDS - start)) s")
 done
 echo "[vpce test] summary:"
