@@ -83,9 +83,10 @@ asan_cmake_args="$extra_cmake_args -DVPCE_ENABLE_DETERMINISM_TESTS=OFF -DVPCE_EN
 # MPICH's build is the one for no CPU in particular, so that the copies of the row loops picked at run time
 # (impl/isa.hpp, VPCE_HOST_CLONES) run their tests in CI: the CPU's own, and the unit tests again at each lower
 # level (vpce_unit_copy_*; the vectorisation check reads their object code).
+no_debug_info="-DCMAKE_CXX_FLAGS_DEBUG="  # mpich and cuda: Debug without -g (see "Disk" above)
 mpich_cmake_args="${VPCE_CMAKE_ARGS:--DVPCE_ENABLE_NATIVE=OFF} -DVPCE_ENABLE_BENCHMARKS=OFF -DVPCE_ENABLE_ISA_TESTS=OFF"
-mpich_cmake_args+=" -DCMAKE_CXX_FLAGS_DEBUG="
-cuda_cmake_args="${VPCE_CMAKE_ARGS:--DVPCE_ENABLE_NATIVE=ON} -DCMAKE_CXX_FLAGS_DEBUG="
+mpich_cmake_args+=" $no_debug_info"
+cuda_cmake_args="${VPCE_CMAKE_ARGS:--DVPCE_ENABLE_NATIVE=ON} $no_debug_info"
 # Clang's: the library and the unit tests (what differs between compilers is the kernels' code), no more.
 clang_cmake_args="${VPCE_CMAKE_ARGS:--DVPCE_ENABLE_NATIVE=ON} -DVPCE_ENABLE_BENCHMARKS=OFF -DVPCE_ENABLE_TOOL=OFF"
 clang_cmake_args+=" -DVPCE_ENABLE_EXAMPLES=OFF -DVPCE_ENABLE_DETERMINISM_TESTS=OFF -DVPCE_ENABLE_ISA_TESTS=OFF"
