@@ -329,6 +329,48 @@ TEST(Math, Float16WidenedSameBitsAsScalar) {
   });
 }
 
+// max16_hw (16 lanes' maxima by vmaxps: HostInner::sums_max's MaxApart) gives the loops' own v > mx ? v : mx, bit
+// for bit (a NaN in v ignored, a NaN in mx kept, signed zeros, infinities, subnormals), and widen32_hw (32
+// bfloat16 columns widened by vpermw) gives float(bfloat16) for all 65536 patterns from any alignment, at every
+// level that has them, compiled as that level's row loops (at_level: the copies' forms are GCC's generic
+// vectors, which take the copy's instructions only there).
+TEST(Math, Max16AndWiden32AsTheLoops) {
+  for_each_level([](auto level) {
+    constexpr Isa L = decltype(level)::value;
+    if constexpr (vpce::impl::have_max16_hw<float, L>) {
+      const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+      const float vals[] = {nan, -inf, inf, -0.0f, 0.0f, 1.0f, -1.0f, 3.0e38f, 1.0e-40f, -2.5f, 1.0f + 0x1p-23f};
+      constexpr int n = sizeof(vals) / sizeof(vals[0]);
+      alignas(64) float v[16], mx[16], want[16];
+      for (int a = 0; a < n; ++a) {
+        for (int b = 0; b < n; ++b) {
+          for (int l = 0; l < 16; ++l) {
+            v[l] = vals[(a + l) % n];
+            mx[l] = vals[(b + 3 * l) % n];
+            want[l] = v[l] > mx[l] ? v[l] : mx[l];
+          }
+          at_level<L>([&] { vpce::impl::max16_hw<L>(v, mx); });
+          for (int l = 0; l < 16; ++l) {
+            ASSERT_EQ(vpce::impl::as_bits(mx[l]), vpce::impl::as_bits(want[l]))
+                << a << " " << b << " lane " << l << " level " << int(L);
+          }
+        }
+      }
+    }
+    if constexpr (vpce::impl::have_widen32_hw<L>) {
+      alignas(64) vpce::bfloat16 x[33];
+      alignas(64) float w[32];
+      for (std::uint32_t b0 = 0; b0 < 65536; b0 += 32) {
+        for (int skew = 0; skew < 2; ++skew) {
+          for (int l = 0; l < 32; ++l) x[skew + l].bits = static_cast<std::uint16_t>(b0 + l);
+          at_level<L>([&] { vpce::impl::widen32_hw<L>(x + skew, w); });
+          for (int l = 0; l < 32; ++l) ASSERT_EQ(vpce::impl::as_bits(w[l]), (b0 + l) << 16) << " level " << int(L);
+        }
+      }
+    }
+  });
+}
+
 // The one-pass statistics of rows of float16 logits (HostInner::online_stats, the chunks widened to float where
 // the build has F16C) have the bits of the same loops reading the logits in software (a reader without
 // `widens`): rows of 1 to 3 chunks and a tail, with and without stored exps, the entropy and the sum of x.

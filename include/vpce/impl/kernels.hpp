@@ -221,11 +221,11 @@ struct ColumnsFrom {
   std::int64_t j0;
   KOKKOS_FORCEINLINE_FUNCTION auto operator()(std::int64_t j) const { return z(j0 + j); }
   KOKKOS_FORCEINLINE_FUNCTION auto pair(std::int64_t j) const { return z.pair(j0 + j); }
-  /// z.widen32(j0 + j, w), where z has it (Logits of bfloat16).
-  template <class W = Z>
+  /// z.widen32<L>(j0 + j, w), where z has it (Logits of bfloat16).
+  template <Isa L, class W = Z>
   KOKKOS_FORCEINLINE_FUNCTION auto widen32(std::int64_t j, float* w) const
-      -> decltype(std::declval<const W&>().widen32(j, w)) {
-    return z.widen32(j0 + j, w);
+      -> decltype(std::declval<const W&>().template widen32<L>(j, w)) {
+    return z.template widen32<L>(j0 + j, w);
   }
 };
 
@@ -233,8 +233,8 @@ struct ColumnsFrom {
 template <class F, class = void>
 struct widens32 : std::false_type {};
 template <class F>
-struct widens32<F, std::void_t<decltype(std::declval<const F&>().z.widen32(std::int64_t(0), (float*)nullptr))>>
-    : std::true_type {};
+struct widens32<F, std::void_t<decltype(std::declval<const F&>().z.template widen32<Isa::build>(
+                       std::int64_t(0), (float*)nullptr))>> : std::true_type {};
 
 /// Rows of a matrix a kernel writes or reads: row i at data + (i - row0) * ld.
 template <class U>
@@ -345,15 +345,17 @@ struct HostInner {
               part[0][l] += t.v[0];
               if constexpr (K > 1) part[1][l] += t.v[1];
             }
-          } else if constexpr (MaxApart && have_max16_hw<T, L> && lanes == 32 && L == Isa::build &&
+          } else if constexpr (MaxApart && have_max16_hw<T, L> && lanes == 32 && have_widen32_hw<L> &&
                                widens32<F>::value) {
-            // bfloat16 logits whose exps are stored (loss_and_grad, the stash), where the build has AVX512BW:
-            // the 32 columns widened by two vpermw (Logits::widen32) instead of GCC's extract, two vpmovzxwd and
-            // two shifts, on the pipes the exps use; GCC keeps w in registers. The same values in the same
-            // lanes: the same bits. bfloat16 `loss_and_grad` -6% with rows in L3 (AMD Zen 5; perf_tests/NOTES.md,
-            // issue 12, forty-first round). The copies of a build for no CPU in particular keep GCC's widening.
+            // bfloat16 logits whose exps are stored (loss_and_grad, the stash), where L has AVX512BW and 512-bit
+            // loops: the 32 columns widened by two vpermw (Logits::widen32) instead of GCC's extract, two
+            // vpmovzxwd and two shifts, on the pipes the exps use; GCC keeps w in registers. The same values in
+            // the same lanes: the same bits. bfloat16 `loss_and_grad` -6% with rows in L3 (AMD Zen 5;
+            // perf_tests/NOTES.md, issue 12, forty-first round). The loop below with its values taken from w
+            // instead of g: one loop for both changed GCC's code for the others (26 to 92 functions of the
+            // float and bfloat16 objects of a native build).
             alignas(64) T w[32];
-            f.z.widen32(j, w);
+            f.z.template widen32<L>(j, w);
             VPCE_SIMD
             for (std::int64_t l = 0; l < 32; ++l) {
               const Terms<T, K> e = f.at(j + l, w[l]);
@@ -1264,13 +1266,11 @@ struct Logits {
   };
   const S* x;
   KOKKOS_FORCEINLINE_FUNCTION compute_type_t<S> operator()(std::int64_t j) const { return to_compute(x[j]); }
-#if VPCE_WIDEN32_BFLOAT16
-  /// w[l] = column j + l for l < 32 (widen32_bf16_512), for bfloat16 where the build has it.
-  template <class U = S, std::enable_if_t<std::is_same_v<U, bfloat16>, int> = 0>
+  /// w[l] = column j + l for l < 32 (widen32_hw), for bfloat16 at a level L that has it.
+  template <Isa L, class U = S, std::enable_if_t<std::is_same_v<U, bfloat16>, int> = 0>
   KOKKOS_FORCEINLINE_FUNCTION void widen32(std::int64_t j, float* w) const {
-    widen32_bf16_512(x + j, w);
+    widen32_hw<L>(x + j, w);
   }
-#endif
   KOKKOS_FORCEINLINE_FUNCTION Pair pair(std::int64_t j) const {
     static_assert(pairs, "16-bit logits");
     std::uint32_t w;

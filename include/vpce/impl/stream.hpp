@@ -193,10 +193,14 @@ KOKKOS_FORCEINLINE_FUNCTION VPCE_NEEDS("avx512f,f16c") void widen16_512(const fl
 
 #if VPCE_HAVE_STREAMING_STORES && VPCE_WHOLE_16BIT_LINES && defined(__AVX512BW__)
 #define VPCE_WIDEN32_BFLOAT16 1
+#else
+#define VPCE_WIDEN32_BFLOAT16 0
+#endif
+#if VPCE_WIDEN32_BFLOAT16
 /// w[l] = float(x[l]) for l < 32, x bfloat16 (a float's upper half): two zero-masked vpermw put column l in the
 /// upper half of lane l, in column order, where GCC's own widening takes an extract, two vpmovzxwd and two shifts
 /// (HostInner::sums_max). Where the build prefers 512-bit vectors, so that the loop reading w reads it in the
-/// two 512-bit halves written here.
+/// two 512-bit halves written here (the copies: widen32_vec).
 KOKKOS_FORCEINLINE_FUNCTION VPCE_NEEDS("avx512bw") void widen32_bf16_512(const bfloat16* x, float* w) {
   alignas(64) static constexpr std::uint16_t lo[32] = {0, 0, 0, 1, 0, 2,  0, 3,  0, 4,  0, 5,  0, 6,  0, 7,
                                                        0, 8, 0, 9, 0, 10, 0, 11, 0, 12, 0, 13, 0, 14, 0, 15};
@@ -206,13 +210,12 @@ KOKKOS_FORCEINLINE_FUNCTION VPCE_NEEDS("avx512bw") void widen32_bf16_512(const b
   _mm512_store_ps(w, _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xaaaaaaaau, _mm512_load_si512(lo), v)));
   _mm512_store_ps(w + 16, _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xaaaaaaaau, _mm512_load_si512(hi), v)));
 }
-#else
-#define VPCE_WIDEN32_BFLOAT16 0
 #endif
 
-#if VPCE_HOST_CLONES || (VPCE_HAVE_STREAMING_STORES && defined(__AVX512F__))
+#if VPCE_HAVE_STREAMING_STORES && defined(__AVX512F__)
 /// max16_hw's forms: mx[l] = v[l] > mx[l] ? v[l] : mx[l] for l < 16 by vmaxps, in 256-bit or 512-bit registers
-/// (the instruction's own rule: the second operand where the first is not greater, NaN among them).
+/// (the instruction's own rule: the second operand where the first is not greater, NaN among them). The
+/// copies': max16_vec.
 KOKKOS_FORCEINLINE_FUNCTION VPCE_NEEDS("avx") void max16_256(const float* v, float* mx) {
   for (std::ptrdiff_t k = 0; k < 2; ++k)
     _mm256_storeu_ps(mx + 8 * k, _mm256_max_ps(_mm256_loadu_ps(v + 8 * k), _mm256_loadu_ps(mx + 8 * k)));
@@ -228,7 +231,8 @@ KOKKOS_FORCEINLINE_FUNCTION VPCE_NEEDS("avx512f") void max16_512(const float* v,
 /// own target attribute and plain inline, so that GCC inlines them into that copy only (compiled into the
 /// functions without a target on the way there, as an always_inline function would be, their instructions
 /// could not be). `apart(f)`: f() out of line, compiled for the level with everything it calls inlined (the
-/// row of a copy, and what a row calls apart on purpose: Apart, kernels.hpp).
+/// row of a copy, and what a row calls apart on purpose: Apart, kernels.hpp). GCC may leave a helper called
+/// all the same (max16_vec below says why): the copies' object code shows the calls left.
 template <>
 struct Copy<Isa::v3> {
   template <class G>
@@ -255,7 +259,6 @@ struct Copy<Isa::v4> {
   __attribute__((target(VPCE_TARGET_V4))) static void exp_lanes16(const float (&u)[16], float (&e)[16]) {
     exp_table_lanes16(u, e);
   }
-  __attribute__((target(VPCE_TARGET_V4))) static void max16(const float* v, float* mx) { max16_256(v, mx); }
   template <bool Whole>
   __attribute__((target(VPCE_TARGET_V4))) static void stream_line(void* dst, const void* src) {
     if constexpr (Whole) {
@@ -279,7 +282,6 @@ struct Copy<Isa::v4bf16> {
   __attribute__((target(VPCE_TARGET_V4_BF16))) static void exp_lanes16(const float (&u)[16], float (&e)[16]) {
     exp_table_lanes16(u, e);
   }
-  __attribute__((target(VPCE_TARGET_V4_BF16))) static void max16(const float* v, float* mx) { max16_512(v, mx); }
   template <bool Whole>
   __attribute__((target(VPCE_TARGET_V4_BF16))) static void stream_line(void* dst, const void* src) {
     if constexpr (Whole) {
@@ -437,6 +439,44 @@ KOKKOS_FORCEINLINE_FUNCTION void widen16_hw(const float16* x, float* f) {
 #endif
 }
 
+#if VPCE_HOST_CLONES
+/// max16_hw's and widen32_hw's forms in the copies (VPCE_HOST_CLONES), in GCC's generic vectors, which GCC
+/// compiles into the instructions of the copy they end up in, as it does the loops. As helpers of Copy<L>
+/// (stream.hpp's other forms) GCC never inlined max16 into a copy (124 calls a copy in the bfloat16 object: one
+/// per 16 columns of loss_and_grad, forward, entropy...): it first tries the helper in the function that
+/// calls it (max16_hw, no target), and that failure, a target mismatch, is final also once that function is
+/// inlined into the copy. The copy for AVX512-BF16's bfloat16 `loss_and_grad` -38% with them and the
+/// widening (perf_tests/NOTES.md, issue 12, forty-third round). Lanes: floats per vector, as the copy's loops
+/// (Copy<Isa::v4>: 8, 256-bit registers; Copy<Isa::v4bf16>: 16).
+typedef float vpce_f32x8 __attribute__((vector_size(32)));
+typedef float vpce_f32x16 __attribute__((vector_size(64)));
+typedef short vpce_i16x32 __attribute__((vector_size(64)));
+template <int Lanes>
+KOKKOS_FORCEINLINE_FUNCTION void max16_vec(const float* v, float* mx) {
+  using V = std::conditional_t<Lanes == 8, vpce_f32x8, vpce_f32x16>;
+  for (int k = 0; k < 16; k += Lanes) {
+    V a, m;
+    __builtin_memcpy(&a, v + k, sizeof a);
+    __builtin_memcpy(&m, mx + k, sizeof m);
+    m = a > m ? a : m;  // vmaxps
+    __builtin_memcpy(mx + k, &m, sizeof m);
+  }
+}
+/// widen32_bf16_512's form: two shuffles of 16-bit elements with zeros (vpermt2w), column l in the upper half
+/// of lane l.
+KOKKOS_FORCEINLINE_FUNCTION void widen32_vec(const bfloat16* x, float* w) {
+  const vpce_i16x32 zero = {}, lo = {0, 32, 0, 33, 0, 34, 0, 35, 0, 36, 0, 37, 0, 38, 0, 39,
+                                     0, 40, 0, 41, 0, 42, 0, 43, 0, 44, 0, 45, 0, 46, 0, 47},
+                    hi = {0, 48, 0, 49, 0, 50, 0, 51, 0, 52, 0, 53, 0, 54, 0, 55,
+                          0, 56, 0, 57, 0, 58, 0, 59, 0, 60, 0, 61, 0, 62, 0, 63};
+  vpce_i16x32 v;
+  __builtin_memcpy(&v, x, sizeof v);
+  const vpce_i16x32 a = __builtin_shuffle(zero, v, lo), b = __builtin_shuffle(zero, v, hi);
+  __builtin_memcpy(w, &a, sizeof a);
+  __builtin_memcpy(w + 16, &b, sizeof b);
+}
+#endif
+
 /// Whether max16_hw<T, L> has instructions: float where L has AVX-512 (Isa::build where the build targets it).
 template <class T, Isa L>
 inline constexpr bool have_max16_hw = std::is_same_v<T, float> &&
@@ -453,7 +493,7 @@ template <Isa L>
 KOKKOS_FORCEINLINE_FUNCTION void max16_hw(const float* v, float* mx) {
 #if VPCE_HOST_CLONES
   if constexpr (L != Isa::build) {
-    Copy<L>::max16(v, mx);
+    max16_vec<L == Isa::v4bf16 ? 16 : 8>(v, mx);
     return;
   }
 #endif
@@ -466,6 +506,30 @@ KOKKOS_FORCEINLINE_FUNCTION void max16_hw(const float* v, float* mx) {
 #endif
   (void)v;
   (void)mx;
+}
+
+/// Whether widen32_hw<L> has instructions: where L's loops are 512 bits wide with AVX512BW (VPCE_WIDEN32_BFLOAT16
+/// at Isa::build; the copy for AVX512-BF16).
+template <Isa L>
+inline constexpr bool have_widen32_hw =
+    L == Isa::build ? VPCE_WIDEN32_BFLOAT16 != 0 : VPCE_HOST_CLONES != 0 && L == Isa::v4bf16;
+
+/// w[l] = float(x[l]) for 32 bfloat16 values (x any alignment, w 64-byte aligned) by two vpermw
+/// (widen32_bf16_512; the copies' widen32_vec), where have_widen32_hw<L>.
+template <Isa L>
+KOKKOS_FORCEINLINE_FUNCTION void widen32_hw(const bfloat16* x, float* w) {
+  static_assert(have_widen32_hw<L>, "widen32_hw: a level with 512-bit loops and AVX512BW");
+#if VPCE_HOST_CLONES
+  if constexpr (L != Isa::build) {
+    widen32_vec(x, w);
+    return;
+  }
+#endif
+#if VPCE_WIDEN32_BFLOAT16
+  widen32_bf16_512(x, w);
+#endif
+  (void)x;
+  (void)w;
 }
 
 /// How far ahead of its loads a host loop that streams a row prefetches, in bytes (HostInner, kernels.hpp).
