@@ -193,10 +193,6 @@ KOKKOS_FORCEINLINE_FUNCTION VPCE_NEEDS("avx512f,f16c") void widen16_512(const fl
 
 #if VPCE_HAVE_STREAMING_STORES && VPCE_WHOLE_16BIT_LINES && defined(__AVX512BW__)
 #define VPCE_WIDEN32_BFLOAT16 1
-#else
-#define VPCE_WIDEN32_BFLOAT16 0
-#endif
-#if VPCE_WIDEN32_BFLOAT16
 /// w[l] = float(x[l]) for l < 32, x bfloat16 (a float's upper half): two zero-masked vpermw put column l in the
 /// upper half of lane l, in column order, where GCC's own widening takes an extract, two vpmovzxwd and two shifts
 /// (HostInner::sums_max). Where the build prefers 512-bit vectors, so that the loop reading w reads it in the
@@ -210,6 +206,8 @@ KOKKOS_FORCEINLINE_FUNCTION VPCE_NEEDS("avx512bw") void widen32_bf16_512(const b
   _mm512_store_ps(w, _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xaaaaaaaau, _mm512_load_si512(lo), v)));
   _mm512_store_ps(w + 16, _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xaaaaaaaau, _mm512_load_si512(hi), v)));
 }
+#else
+#define VPCE_WIDEN32_BFLOAT16 0
 #endif
 
 #if VPCE_HAVE_STREAMING_STORES && defined(__AVX512F__)
