@@ -99,6 +99,63 @@ double anon_huge_bytes() {
   return -1;
 }
 
+/// The read-only ceiling's pass over one row on the host: the sum of its values, for 16-bit logits of their raw
+/// patterns as integers (float16's conversion to float is scalar code, which made this "ceiling" slower than the
+/// forward). Four sums over the row's quarters at once, each a vector in registers: with one, the adds' latency
+/// bounded fp32 (0.56 ms against 0.23 over 128 rows of 32768 in L3 in SSE2, 0.28 against 0.19 in AVX-512; AMD
+/// Zen 5), and 32 partial sums in an array stayed in memory, a store and a load per 32 columns.
+template <class S, class T>
+KOKKOS_INLINE_FUNCTION T read_row(const S* x, std::int64_t cols) {
+  using Sum = std::conditional_t<sizeof(S) == 2, std::uint32_t, T>;
+  auto at = [x](std::int64_t j) -> Sum {
+    if constexpr (sizeof(S) == 2) {
+      std::uint16_t b;
+      std::memcpy(&b, x + j, 2);
+      return b;
+    } else {
+      return T(x[j]);
+    }
+  };
+  const std::int64_t q = cols / 4;
+  Sum s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+  for (std::int64_t j = 0; j < q; ++j) {
+    s0 += at(j);
+    s1 += at(q + j);
+    s2 += at(2 * q + j);
+    s3 += at(3 * q + j);
+  }
+  Sum s = s0 + s1 + s2 + s3;
+  for (std::int64_t j = 4 * q; j < cols; ++j) s += at(j);
+  return T(s);
+}
+
+/// read_row compiled for the instruction sets the library's rows run with on this CPU: in a build with run-time
+/// copies of the row loops (a build without -march on x86-64, vpce/impl/isa.hpp) the copy's, so that the ceiling
+/// and the calls it is compared with use the same vectors. In the build's baseline (SSE2) the 16-bit read ran at
+/// 0.55x its AVX-512 speed (fp32 0.86x; rows in L3, one thread, AMD Zen 5).
+template <class S, class T>
+KOKKOS_INLINE_FUNCTION T read_row_at_level(const S* x, std::int64_t cols) {
+#if VPCE_HOST_CLONES
+  T r = 0;
+  auto at = [&](auto level) {
+    impl::Copy<decltype(level)::value>::apart([&] { r = read_row<S, T>(x, cols); });
+    return r;
+  };
+  switch (impl::host_level()) {
+    case impl::Isa::v3:
+      return at(std::integral_constant<impl::Isa, impl::Isa::v3>{});
+    case impl::Isa::v4:
+      return at(std::integral_constant<impl::Isa, impl::Isa::v4>{});
+    case impl::Isa::v4bf16:
+      return at(std::integral_constant<impl::Isa, impl::Isa::v4bf16>{});
+    default:
+      break;
+  }
+#endif
+  return read_row<S, T>(x, cols);
+}
+
 /// Deterministic pseudo-random logits shaped like an LM head's: triangular noise with a column bias.
 /// One flat index over all elements, so that device threads write consecutive addresses.
 template <class S>
@@ -182,9 +239,9 @@ std::vector<Record> run_typed(const Communicator& comm, const Config& cfg) {
   // each row by the threads, a plain loop did not vectorise for the 16-bit types; on a device the runtime's
   // device-to-device copy): each written line is read first (read-for-ownership), 3 units of traffic for 2.
   // "copy_stream": read + write with streaming stores on the host (the STREAM convention: 2 units; a device
-  // writes whole lines anyway, the same copy). "read": a read-only pass (a sum of the logits; of their bit
-  // patterns for 16-bit logits). Timed first and again after the calls; each ceiling's median is over both
-  // sets of repetitions, so that a drift of the memory's speed during the run does not move the ratios.
+  // writes whole lines anyway, the same copy). "read": a read-only pass (read_row_at_level). Timed first and again
+  // after the calls; each ceiling's median is over both sets of repetitions, so that a drift of the memory's speed
+  // during the run does not move the ratios.
   using Rows = Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>;
   auto copy = [&](const bool stream) {
     if constexpr (host) {
@@ -205,25 +262,7 @@ std::vector<Record> run_typed(const Communicator& comm, const Config& cfg) {
     if constexpr (host) {
       Kokkos::parallel_reduce(
           "vpce_bench::read", Rows(0, n),
-          KOKKOS_LAMBDA(std::int64_t i, T & acc) {
-            // Captured before the `if constexpr`: nvcc's extended lambdas cannot first-capture inside one.
-            const S* x = &logits(i, 0);
-            const std::int64_t cols = v;
-            if constexpr (sizeof(S) == 2) {  // the raw 16-bit patterns, summed as integers: float16's
-              // conversion to float is scalar code, which made this "ceiling" slower than the forward
-              const auto* bits = reinterpret_cast<const std::uint16_t*>(x);
-              std::uint32_t s = 0;
-#pragma omp simd reduction(+ : s)
-              for (std::int64_t j = 0; j < cols; ++j) s += bits[j];
-              acc += T(float(s));
-            } else {
-              T s = 0;
-#pragma omp simd reduction(+ : s)
-              for (std::int64_t j = 0; j < cols; ++j) s += T(x[j]);
-              acc += s;
-            }
-          },
-          read_sum);
+          KOKKOS_LAMBDA(std::int64_t i, T & acc) { acc += read_row_at_level<S, T>(&logits(i, 0), v); }, read_sum);
     } else if constexpr (sizeof(S) == 2) {
       // 4-byte words, two 16-bit patterns each: one 2-byte load per thread kept an H200 at 3.2 of the 4.2 TB/s
       // it reads fp32 at. An odd n x v leaves its last pattern unread.
