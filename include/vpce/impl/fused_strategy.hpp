@@ -130,7 +130,11 @@ struct ChainedRows {
                                                r - 1,
                                                r > a ? 1 : 0,
                                                cols};
-      both.row(in, 0);
+      // Apart, so that the row's loops are compiled in a function without `both`'s cleanup (the destructors of
+      // its Views): in the copies (VPCE_HOST_CLONES), flattened into this one, GCC kept the statistics' sums
+      // and maxima in memory in 20 of its 20 exp loops (fp32 `loss_and_grad` 1.5x the native build's time on one
+      // rank; perf_tests/NOTES.md, issue 12, forty-fourth round).
+      Apart<Inner::isa, false>::call([&] { both.row(in, 0); });
     }
   }
 };

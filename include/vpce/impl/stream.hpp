@@ -230,16 +230,22 @@ KOKKOS_FORCEINLINE_FUNCTION VPCE_NEEDS("avx512f") void max16_512(const float* v,
 /// functions without a target on the way there, as an always_inline function would be, their instructions
 /// could not be). `apart(f)`: f() out of line, compiled for the level with everything it calls inlined (the
 /// row of a copy, and what a row calls apart on purpose: Apart, kernels.hpp). GCC may leave a helper called
-/// all the same (max16_vec below says why): the copies' object code shows the calls left.
+/// all the same (max16_vec below says why): the copies' object code shows the calls left. The helpers are
+/// noexcept: in C++ GCC takes the x86 builtins they call for calls that may throw, and in a function with a
+/// cleanup (a row flattened into a copy together with objects holding Views) each would end its block with an
+/// exception edge; GCC's store motion then leaves the loop's sums and maxima in memory, a store and a load per
+/// 16 columns (perf_tests/NOTES.md, issue 12, forty-fourth round).
 template <>
 struct Copy<Isa::v3> {
   template <class G>
-  __attribute__((target(VPCE_TARGET_V3))) static bool round_line(G* line, const float* f) {
+  __attribute__((target(VPCE_TARGET_V3))) static bool round_line(G* line, const float* f) noexcept {
     return round_line_256(line, f);
   }
-  __attribute__((target(VPCE_TARGET_V3))) static void widen16(const float16* x, float* f) { widen16_256(x, f); }
+  __attribute__((target(VPCE_TARGET_V3))) static void widen16(const float16* x, float* f) noexcept {
+    widen16_256(x, f);
+  }
   template <bool Whole>
-  __attribute__((target(VPCE_TARGET_V3))) static void stream_line(void* dst, const void* src) {
+  __attribute__((target(VPCE_TARGET_V3))) static void stream_line(void* dst, const void* src) noexcept {
     stream_line_256(dst, src);
   }
   template <class F>
@@ -250,15 +256,17 @@ struct Copy<Isa::v3> {
 template <>
 struct Copy<Isa::v4> {
   template <class G>
-  __attribute__((target(VPCE_TARGET_V4))) static bool round_line(G* line, const float* f) {
+  __attribute__((target(VPCE_TARGET_V4))) static bool round_line(G* line, const float* f) noexcept {
     return round_line_256(line, f);
   }
-  __attribute__((target(VPCE_TARGET_V4))) static void widen16(const float16* x, float* f) { widen16_256(x, f); }
-  __attribute__((target(VPCE_TARGET_V4))) static void exp_lanes16(const float (&u)[16], float (&e)[16]) {
+  __attribute__((target(VPCE_TARGET_V4))) static void widen16(const float16* x, float* f) noexcept {
+    widen16_256(x, f);
+  }
+  __attribute__((target(VPCE_TARGET_V4))) static void exp_lanes16(const float (&u)[16], float (&e)[16]) noexcept {
     exp_table_lanes16(u, e);
   }
   template <bool Whole>
-  __attribute__((target(VPCE_TARGET_V4))) static void stream_line(void* dst, const void* src) {
+  __attribute__((target(VPCE_TARGET_V4))) static void stream_line(void* dst, const void* src) noexcept {
     if constexpr (Whole) {
       stream_line_512(dst, src);
     } else {
@@ -273,15 +281,17 @@ struct Copy<Isa::v4> {
 template <>
 struct Copy<Isa::v4bf16> {
   template <class G>
-  __attribute__((target(VPCE_TARGET_V4_BF16))) static bool round_line(G* line, const float* f) {
+  __attribute__((target(VPCE_TARGET_V4_BF16))) static bool round_line(G* line, const float* f) noexcept {
     return round_line_512<G, true>(line, f);
   }
-  __attribute__((target(VPCE_TARGET_V4_BF16))) static void widen16(const float16* x, float* f) { widen16_512(x, f); }
-  __attribute__((target(VPCE_TARGET_V4_BF16))) static void exp_lanes16(const float (&u)[16], float (&e)[16]) {
+  __attribute__((target(VPCE_TARGET_V4_BF16))) static void widen16(const float16* x, float* f) noexcept {
+    widen16_512(x, f);
+  }
+  __attribute__((target(VPCE_TARGET_V4_BF16))) static void exp_lanes16(const float (&u)[16], float (&e)[16]) noexcept {
     exp_table_lanes16(u, e);
   }
   template <bool Whole>
-  __attribute__((target(VPCE_TARGET_V4_BF16))) static void stream_line(void* dst, const void* src) {
+  __attribute__((target(VPCE_TARGET_V4_BF16))) static void stream_line(void* dst, const void* src) noexcept {
     if constexpr (Whole) {
       stream_line_512(dst, src);
     } else {
