@@ -138,22 +138,11 @@ template <class S, class T>
 KOKKOS_INLINE_FUNCTION T read_row_at_level(const S* x, std::int64_t cols) {
 #if VPCE_HOST_CLONES
   T r = 0;
-  auto at = [&](auto level) {
-    impl::Copy<decltype(level)::value>::apart([&] { r = read_row<S, T>(x, cols); });
-    return r;
-  };
-  switch (impl::host_level()) {
-    case impl::Isa::v3:
-      return at(std::integral_constant<impl::Isa, impl::Isa::v3>{});
-    case impl::Isa::v4:
-      return at(std::integral_constant<impl::Isa, impl::Isa::v4>{});
-    case impl::Isa::v4bf16:
-      return at(std::integral_constant<impl::Isa, impl::Isa::v4bf16>{});
-    default:
-      break;
-  }
-#endif
+  impl::at_level(impl::host_level(), [&](auto) { r = read_row<S, T>(x, cols); });
+  return r;
+#else
   return read_row<S, T>(x, cols);
+#endif
 }
 
 /// Deterministic pseudo-random logits shaped like an LM head's: triangular noise with a column bias.

@@ -42,18 +42,7 @@ void for_each_level(const F& f) {
 #endif
 }
 
-// f() compiled as the row loops of level L are: in the copy's Copy<L>::apart (the level's target attribute, f's whole
-// call tree inlined), so that the compiler forms (and fuses) the same operations as there; the build's as it is.
-template <vpce::impl::Isa L, class F>
-void at_level(const F& f) {
-#if VPCE_HOST_CLONES
-  if constexpr (L != vpce::impl::Isa::build) {
-    vpce::impl::Copy<L>::apart(f);
-    return;
-  }
-#endif
-  f();
-}
+using vpce::impl::in_level;  // f() compiled as the row loops of level L are
 
 // The largest relative error of fast_exp<A> over every 61st float from lo (-86.98) up to ln(FLT_MAX) = 88.72
 // (36 M values), and where it is.
@@ -181,7 +170,7 @@ TEST(Math, ExpTableRelativeError) {
 }
 
 // The exps per element of the host's loops at each level (exp_per_element<A, L>: the table form and the one-step
-// reduction where the level has them), compiled as that level's loops are (at_level): largest relative error over
+// reduction where the level has them), compiled as that level's loops are (in_level): largest relative error over
 // every 61st float of [lo, 88], and their values at -inf, NaN, 0 and below lo.
 template <ExpAccuracy A, vpce::impl::Isa L>
 void expect_per_element_accurate(double bound) {
@@ -190,7 +179,7 @@ void expect_per_element_accurate(double bound) {
   float at = 0;
   const float inf = std::numeric_limits<float>::infinity();
   float special[4] = {-inf, 0.0f, std::nextafter(-86.98f, -inf), std::numeric_limits<float>::quiet_NaN()};
-  at_level<L>([&] {
+  in_level<L>([&] {
     auto check = [&](std::uint32_t bits) {
       const float x = vpce::impl::from_bits(bits);
       const double ref = std::exp(double(x)), err = std::abs(double(exp_per_element<A, L>(x)) - ref) / ref;
@@ -226,7 +215,7 @@ void expect_lanes_same_bits() {
   auto check = [&]() {
     ++lines;
     float want[16];
-    at_level<L>([&] {  // both as the loops of level L form them
+    in_level<L>([&] {  // both as the loops of level L form them
       vpce::impl::exp_lanes16<A, L>(u, e);
       for (int l = 0; l < 16; ++l) want[l] = exp_per_element<A, L>(u[l]);
     });
@@ -332,7 +321,7 @@ TEST(Math, Float16WidenedSameBitsAsScalar) {
 // max16_hw (16 lanes' maxima by vmaxps: HostInner::sums_max's MaxApart) gives the loops' own v > mx ? v : mx, bit
 // for bit (a NaN in v ignored, a NaN in mx kept, signed zeros, infinities, subnormals), and widen32_hw (32
 // bfloat16 columns widened by vpermw) gives float(bfloat16) for all 65536 patterns from any alignment, at every
-// level that has them, compiled as that level's row loops (at_level: the copies' forms are GCC's generic
+// level that has them, compiled as that level's row loops (in_level: the copies' forms are GCC's generic
 // vectors, which take the copy's instructions only there).
 TEST(Math, Max16AndWiden32AsTheLoops) {
   for_each_level([](auto level) {
@@ -349,7 +338,7 @@ TEST(Math, Max16AndWiden32AsTheLoops) {
             mx[l] = vals[(b + 3 * l) % n];
             want[l] = v[l] > mx[l] ? v[l] : mx[l];
           }
-          at_level<L>([&] { vpce::impl::max16_hw<L>(v, mx); });
+          in_level<L>([&] { vpce::impl::max16_hw<L>(v, mx); });
           for (int l = 0; l < 16; ++l) {
             ASSERT_EQ(vpce::impl::as_bits(mx[l]), vpce::impl::as_bits(want[l]))
                 << a << " " << b << " lane " << l << " level " << int(L);
@@ -363,7 +352,7 @@ TEST(Math, Max16AndWiden32AsTheLoops) {
       for (std::uint32_t b0 = 0; b0 < 65536; b0 += 32) {
         for (int skew = 0; skew < 2; ++skew) {
           for (int l = 0; l < 32; ++l) x[skew + l].bits = static_cast<std::uint16_t>(b0 + l);
-          at_level<L>([&] { vpce::impl::widen32_hw<L>(x + skew, w); });
+          in_level<L>([&] { vpce::impl::widen32_hw<L>(x + skew, w); });
           for (int l = 0; l < 32; ++l) ASSERT_EQ(vpce::impl::as_bits(w[l]), (b0 + l) << 16) << " level " << int(L);
         }
       }

@@ -10,7 +10,7 @@
 // An x86-64 build for no CPU in particular (no AVX2: neither -march nor VPCE_ENABLE_NATIVE) compiles the
 // host's row loops four times: for the baseline (SSE2) and as copies for x86-64-v3 (AVX2, FMA, F16C), x86-64-v4
 // (AVX-512) and x86-64-v4 with AVX512-BF16 in 512-bit registers (Isa); every row runs the copy of the highest
-// level the CPU has (host_level: one branch per row, RowDriver in kernels.hpp). Each copy runs the row with the
+// level the CPU has (host_level: one branch per row, at_level in stream.hpp). Each copy runs the row with the
 // host policy of its level (HostInner<L>), whose paths in intrinsics are the helpers of Copy<L> (stream.hpp),
 // with the copy's own target attribute. -DVPCE_NO_HOST_CLONES turns the copies off.
 #if defined(__GNUC__) && !defined(__clang__) && !defined(__INTEL_COMPILER) && !defined(__INTEL_LLVM_COMPILER) && \

@@ -1196,23 +1196,10 @@ struct RowDriver {
   std::int64_t row0;
 #if VPCE_HOST_CLONES
   Isa level = host_level();  ///< the copy of the row loops this CPU runs (VPCE_HOST_CLONES, isa.hpp)
+  /// Row i in the copy for `level` (at_level, stream.hpp): compiled for its instruction sets, everything it calls
+  /// inlined, with the host policy of its level (whose paths in intrinsics are the level's).
   void operator()(std::int64_t i) const {
-    switch (level) {
-      case Isa::v3:
-        return row_at<Isa::v3>(i);
-      case Isa::v4:
-        return row_at<Isa::v4>(i);
-      case Isa::v4bf16:
-        return row_at<Isa::v4bf16>(i);
-      default:
-        f.row(HostInner<Isa::build>{}, row0 + i);
-    }
-  }
-  /// Row i in the copy for L: compiled for its instruction sets, everything it calls inlined, with the host policy
-  /// of its level (whose paths in intrinsics are the level's).
-  template <Isa L>
-  void row_at(std::int64_t i) const {
-    Copy<L>::apart([&] { f.row(HostInner<L>{}, row0 + i); });
+    at_level(level, [&](auto l) { f.row(HostInner<decltype(l)::value>{}, row0 + i); });
   }
 #else
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const { f.row(HostInner<Isa::build>{}, row0 + i); }

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "vpce/half.hpp"
 #include "vpce/impl/isa.hpp"
@@ -303,6 +304,40 @@ struct Copy<Isa::v4bf16> {
     f();
   }
 };
+#endif
+
+/// f() compiled as the host's row loops of level L are: in Copy<L>::apart where L is a copy's level (its target
+/// attribute, f's whole call tree inlined), so that the compiler forms the same instructions as there; at
+/// Isa::build as it is.
+template <Isa L, class F>
+void in_level(const F& f) {
+#if VPCE_HOST_CLONES
+  if constexpr (L != Isa::build) {
+    Copy<L>::apart(f);
+    return;
+  }
+#endif
+  f();
+}
+
+#if VPCE_HOST_CLONES
+/// f(std::integral_constant<Isa, L>{}) in_level<L>, for the level L = `level` known at run time (host_level():
+/// the copy this CPU's rows run in). The one place that picks a copy: RowDriver (kernels.hpp) runs each row
+/// through it, the benchmark's read-only pass too. Inlined into its caller, so that at Isa::build f runs there as
+/// it would without copies.
+template <class F>
+__attribute__((always_inline)) inline void at_level(Isa level, const F& f) {
+  switch (level) {
+    case Isa::v3:
+      return in_level<Isa::v3>([&] { f(std::integral_constant<Isa, Isa::v3>{}); });
+    case Isa::v4:
+      return in_level<Isa::v4>([&] { f(std::integral_constant<Isa, Isa::v4>{}); });
+    case Isa::v4bf16:
+      return in_level<Isa::v4bf16>([&] { f(std::integral_constant<Isa, Isa::v4bf16>{}); });
+    default:
+      f(std::integral_constant<Isa, Isa::build>{});
+  }
+}
 #endif
 
 /// Writes the 64-byte line at dst (64-byte aligned) from src (any alignment) with streaming stores where the
