@@ -130,6 +130,19 @@ KOKKOS_INLINE_FUNCTION T read_row(const S* x, std::int64_t cols) {
   return T(s);
 }
 
+#if VPCE_HOST_CLONES
+template <class S, class T>
+struct ReadRow {  // a class, not a generic lambda: binutils 2.40 cannot demangle one in the copies' names
+  const S* x;
+  std::int64_t cols;
+  T* r;
+  template <class Level>
+  void operator()(Level) const {
+    *r = read_row<S, T>(x, cols);
+  }
+};
+#endif
+
 /// read_row compiled for the instruction sets the library's rows run with on this CPU: in a build with run-time
 /// copies of the row loops (a build without -march on x86-64, vpce/impl/isa.hpp) the copy's, so that the ceiling
 /// and the calls it is compared with use the same vectors. In the build's baseline (SSE2) the 16-bit read ran at
@@ -138,7 +151,7 @@ template <class S, class T>
 KOKKOS_INLINE_FUNCTION T read_row_at_level(const S* x, std::int64_t cols) {
 #if VPCE_HOST_CLONES
   T r = 0;
-  impl::at_level(impl::host_level(), [&](auto) { r = read_row<S, T>(x, cols); });
+  impl::at_level(impl::host_level(), ReadRow<S, T>{x, cols, &r});
   return r;
 #else
   return read_row<S, T>(x, cols);

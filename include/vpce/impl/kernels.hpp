@@ -1198,9 +1198,17 @@ struct RowDriver {
   Isa level = host_level();  ///< the copy of the row loops this CPU runs (VPCE_HOST_CLONES, isa.hpp)
   /// Row i in the copy for `level` (at_level, stream.hpp): compiled for its instruction sets, everything it calls
   /// inlined, with the host policy of its level (whose paths in intrinsics are the level's).
-  void operator()(std::int64_t i) const {
-    at_level(level, [&](auto l) { f.row(HostInner<decltype(l)::value>{}, row0 + i); });
-  }
+  void operator()(std::int64_t i) const { at_level(level, Row{f, row0 + i}); }
+  /// The row at a level. A class of its own, not a generic lambda: the names of the copies' functions carry it, and
+  /// binutils 2.40 (c++filt, objdump -C, perf) cannot demangle a generic lambda's there.
+  struct Row {
+    const Functor& f;
+    std::int64_t i;
+    template <Isa L>
+    void operator()(std::integral_constant<Isa, L>) const {
+      f.row(HostInner<L>{}, i);
+    }
+  };
 #else
   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i) const { f.row(HostInner<Isa::build>{}, row0 + i); }
 #endif

@@ -324,7 +324,8 @@ void in_level(const F& f) {
 /// f(std::integral_constant<Isa, L>{}) in_level<L>, for the level L = `level` known at run time (host_level():
 /// the copy this CPU's rows run in). The one place that picks a copy: RowDriver (kernels.hpp) runs each row
 /// through it, the benchmark's read-only pass too. Inlined into its caller, so that at Isa::build f runs there as
-/// it would without copies.
+/// it would without copies. F: a class with a template operator(), not a generic lambda, whose type the names of
+/// the copies' functions would carry in a form binutils 2.40 (c++filt, objdump -C, perf) cannot demangle.
 template <class F>
 __attribute__((always_inline)) inline void at_level(Isa level, const F& f) {
   switch (level) {
