@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
 #include <vpce/vpce.h>
 
 static float logit(int64_t i, int64_t j) { return 3.0f * sinf(0.7f * (float)i + 0.013f * (float)(j * j % 977)); }
@@ -134,9 +133,10 @@ int main(int argc, char** argv) {
   vpce_destroy(hp);
   free(q);
   if (rank == 0)
-    printf("C API: V = %lld over %d ranks, mean loss float32 %.6f, bfloat16 %.6f, max |grad diff| %.2e, "
-           "row 0: entropy %.4f, log-prob %.4f\n",
-           (long long)vocab, size, mean32, mean16, worst, ent32[0], lp32[0]);
+    printf(
+        "C API: V = %lld over %d ranks, mean loss float32 %.6f, bfloat16 %.6f, max |grad diff| %.2e, "
+        "row 0: entropy %.4f, log-prob %.4f\n",
+        (long long)vocab, size, mean32, mean16, worst, ent32[0], lp32[0]);
 
   /* The fused LM head: logits = hidden x W^T + bias never held whole (chunks of 5 rows), against the same
    * logits formed here and passed to vpce_loss_and_grad; then with sequence-parallel input (each rank passes
@@ -194,8 +194,8 @@ int main(int argc, char** argv) {
       /* sequence-parallel: rank r holds rows [r n / size, (r + 1) n / size) */
       const int64_t r0 = n * rank / size, r1 = n * (rank + 1) / size;
       if (vpce_linear_create(MPI_COMM_WORLD, local, H, VPCE_FLOAT32, &opt, 3, 1, &lin_sp) != VPCE_SUCCESS ||
-          vpce_linear_loss_and_grad(lin_sp, r1 - r0, n, hid + r0 * H, wt, bias, targets, loss_l, gh, gw, gb, NULL,
-                                    1.0, 0) != VPCE_SUCCESS) {
+          vpce_linear_loss_and_grad(lin_sp, r1 - r0, n, hid + r0 * H, wt, bias, targets, loss_l, gh, gw, gb, NULL, 1.0,
+                                    0) != VPCE_SUCCESS) {
         fprintf(stderr, "%s\n", vpce_last_error());
         MPI_Abort(MPI_COMM_WORLD, 1);
       }

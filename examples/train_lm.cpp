@@ -51,15 +51,24 @@ Args parse(int argc, char** argv) {
       if (i + 1 >= argc) throw std::runtime_error("missing value after " + k);
       return argv[++i];
     };
-    if (k == "--text") a.text = value();
-    else if (k == "--steps") a.steps = std::stoi(value());
-    else if (k == "--batch") a.batch = std::stoll(value());
-    else if (k == "--hidden") a.hidden = std::stoll(value());
-    else if (k == "--lr") a.lr = std::stof(value());
-    else if (k == "--curve") a.curve = value();
-    else if (k == "--compare") a.compare = value();
-    else if (k == "--rtol") a.rtol = std::stod(value());
-    else throw std::runtime_error("unknown argument " + k);
+    if (k == "--text")
+      a.text = value();
+    else if (k == "--steps")
+      a.steps = std::stoi(value());
+    else if (k == "--batch")
+      a.batch = std::stoll(value());
+    else if (k == "--hidden")
+      a.hidden = std::stoll(value());
+    else if (k == "--lr")
+      a.lr = std::stof(value());
+    else if (k == "--curve")
+      a.curve = value();
+    else if (k == "--compare")
+      a.compare = value();
+    else if (k == "--rtol")
+      a.rtol = std::stod(value());
+    else
+      throw std::runtime_error("unknown argument " + k);
   }
   if (a.steps < 1 || a.batch < 1 || a.hidden < 1 || !(a.lr > 0)) throw std::runtime_error("bad sizes or rate");
   return a;

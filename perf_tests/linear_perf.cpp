@@ -24,8 +24,8 @@
 
 #include <mpi.h>
 
-#include <Kokkos_Core.hpp>
 #include <KokkosBlas3_gemm.hpp>
+#include <Kokkos_Core.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -133,8 +133,8 @@ int main(int argc, char** argv) {
     {
       Kokkos::View<float*, Mem> bias("bias", vr), grad_b("grad_bias", vr);
       Kokkos::deep_copy(bias, 0.01f);
-      fused_bias = median_ms(
-          comm, reps, [&] { lce.loss_and_grad(hidden, weight, bias, targets, loss, grad_h, grad_w, grad_b); });
+      fused_bias = median_ms(comm, reps,
+                             [&] { lce.loss_and_grad(hidden, weight, bias, targets, loss, grad_h, grad_w, grad_b); });
     }
     {
       using B = vpce::bfloat16;
@@ -211,7 +211,9 @@ int main(int argc, char** argv) {
     js.add("tokens", n).add("hidden", h).add("vocab", v).add("vocab_local", vr).add("reps", reps);
     js.add("chunk_rows", lce.chunk_rows()).add("fused_ms", fused).add("materialised_ms", materialised);
     js.add("blas_alone_ms", blas).add("core_lg_ms", core_lg).add("fused_gemm_ms", fused_gemm);
-    js.add("extra_bytes", extra).add("logits_bytes", logits_bytes).add("extra_over_logits", double(extra) / logits_bytes);
+    js.add("extra_bytes", extra)
+        .add("logits_bytes", logits_bytes)
+        .add("extra_over_logits", double(extra) / logits_bytes);
     js.add("fused_over_blas_plus_core", fused / (blas + core_lg)).add("fused_over_materialised", fused / materialised);
     js.add("gemm_rate_over_blas", blas / fused_gemm).add("blas_gflops", gflops(blas));
     js.add("fused_gemm_gflops", gflops(fused_gemm)).add("fused_loss_sum", fused_loss);

@@ -101,8 +101,8 @@ struct Handle final : HandleBase {
     else
       ce.backward(T(scale), grad_view<T>(n_rows, grad));
   }
-  void loss_and_grad(std::int64_t n, const void* logits, const std::int64_t* targets, const void* probs,
-                     void* loss, void* grad, const void* grad_loss, double scale) override {
+  void loss_and_grad(std::int64_t n, const void* logits, const std::int64_t* targets, const void* probs, void* loss,
+                     void* grad, const void* grad_loss, double scale) override {
     const auto x = logits_view(n, logits);
     const Kokkos::View<T*, MS, Unmanaged> l(static_cast<T*>(loss), rows(n, loss));
     n_rows = n;
@@ -418,8 +418,8 @@ vpce_status vpce_loss_and_grad(vpce_handle h, int64_t n, const void* logits, con
   });
 }
 
-vpce_status vpce_loss_and_grad_probs(vpce_handle h, int64_t n, const void* logits, const void* target_probs,
-                                     void* loss, void* grad, const void* grad_loss, double grad_scale) {
+vpce_status vpce_loss_and_grad_probs(vpce_handle h, int64_t n, const void* logits, const void* target_probs, void* loss,
+                                     void* grad, const void* grad_loss, double grad_scale) {
   return guarded([&] {
     VPCE_CHECK_HANDLE(h);
     VPCE_THROW_IF(target_probs == nullptr && n > 0, "target_probs is NULL");
@@ -543,8 +543,8 @@ vpce_status vpce_linear_loss_and_grad(vpce_linear head, int64_t n_rows, int64_t 
                                       double grad_scale, int accumulate) {
   return guarded([&] {
     VPCE_CHECK_HEAD(head);
-    head->impl->run(n_rows, n_tokens, hidden, weight, bias, targets, loss, true, grad_hidden, grad_weight,
-                    grad_bias, grad_loss, grad_scale, accumulate != 0);
+    head->impl->run(n_rows, n_tokens, hidden, weight, bias, targets, loss, true, grad_hidden, grad_weight, grad_bias,
+                    grad_loss, grad_scale, accumulate != 0);
   });
 }
 

@@ -48,8 +48,7 @@ VocabPartition VocabPartition::from_sizes(const std::vector<std::int64_t>& sizes
                                           std::int64_t vocab_size) {
   std::string err;
   if (static_cast<int>(sizes.size()) != comm.size()) {
-    err = "the partition has " + std::to_string(sizes.size()) + " sizes for " + std::to_string(comm.size()) +
-          " ranks";
+    err = "the partition has " + std::to_string(sizes.size()) + " sizes for " + std::to_string(comm.size()) + " ranks";
   } else {
     for (auto s : sizes)
       if (s < 0) err = "partition sizes must be >= 0, got " + std::to_string(s);

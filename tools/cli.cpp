@@ -152,8 +152,8 @@ void check_writable(const Communicator& comm, const std::string& path, const std
       const std::string base = path.substr(path.find_last_of('/') + 1);
       const long name_max = ::pathconf(dir.c_str(), _PC_NAME_MAX);
       if (name_max > 0 && base.size() + 16 > static_cast<std::size_t>(name_max))
-        err = path + ": cannot write the " + what + ": its name is too long (" +
-              std::to_string(base.size()) + " characters; at most " + std::to_string(name_max - 16) +
+        err = path + ": cannot write the " + what + ": its name is too long (" + std::to_string(base.size()) +
+              " characters; at most " + std::to_string(name_max - 16) +
               " here, as it is first written under the name plus .tmp.<process id>)";
     }
   }

@@ -53,7 +53,9 @@ H5File open_input(const Communicator& comm, const LossOptions& cfg);
 VocabPartition partition_of(const Communicator& comm, const LossOptions& cfg, std::int64_t v);
 
 /// A View's allocation property: the label, no initialisation (every element is read or computed before use).
-inline auto uninitialized(const char* label) { return Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)); }
+inline auto uninitialized(const char* label) {
+  return Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label));
+}
 
 /// A host copy of the View `v` (the View itself where the host can read it; an empty View for an empty one).
 template <class V>

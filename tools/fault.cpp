@@ -41,8 +41,8 @@ Fault parse_fault(std::string* error) {
   if (!env || !*env) return f;
   const std::string s(env);
   const auto bad = [&] {
-    *error = "VPCE_TOOL_FAULT=" + s + ": expected kill:<rank>:<phase>, phase one of read | collective | " +
-             "write | rename";
+    *error =
+        "VPCE_TOOL_FAULT=" + s + ": expected kill:<rank>:<phase>, phase one of read | collective | " + "write | rename";
     return Fault{};
   };
   const auto c1 = s.find(':');

@@ -6,8 +6,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <type_traits>
@@ -166,8 +166,7 @@ H5File H5File::create(const std::string& path, const Communicator& comm, const s
     err = with_detail(f.m_display + ": cannot set up MPI-IO file access");
   if (err.empty()) {
     f.m_file = H5Handle(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
-    if (!f.m_file.valid())
-      err = with_detail(f.m_display + ": cannot create " + (display.empty() ? "the file" : path));
+    if (!f.m_file.valid()) err = with_detail(f.m_display + ": cannot create " + (display.empty() ? "the file" : path));
   }
   if (err.empty()) {
     f.m_dxpl = H5Handle(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
@@ -321,8 +320,8 @@ void H5File::transfer_block(bool write, const std::string& name, const Block& b,
                  : H5Dread(dset.get(), native_type<T>(), mspace.get(), fspace.get(), m_dxpl.get(), ptr);
     }
     if (rc < 0)
-      err = with_detail(m_display + ": cannot " + verb + " rows " + std::to_string(b.row_begin + k0) +
-                        ".." + std::to_string(b.row_begin + k0 + rows) + " of dataset " + name);
+      err = with_detail(m_display + ": cannot " + verb + " rows " + std::to_string(b.row_begin + k0) + ".." +
+                        std::to_string(b.row_begin + k0 + rows) + " of dataset " + name);
     agree(m_comm, err);
   }
 }
@@ -456,8 +455,8 @@ void H5File::write_attribute(const std::string& name, const std::string& value, 
     rc = attr.valid() ? H5Awrite(attr.get(), type.get(), value.empty() ? "" : value.data()) : -1;
   }
   if (rc < 0)
-    err = with_detail(m_display + ": cannot write attribute " + name +
-                      (object == "/" ? std::string() : " of " + object));
+    err =
+        with_detail(m_display + ": cannot write attribute " + name + (object == "/" ? std::string() : " of " + object));
   agree(m_comm, err);
 }
 

@@ -107,8 +107,8 @@ class H5File {
   /// `buf` (row-major); `max_row_count` is the largest row_count over the ranks (it sets the number of collective
   /// transfers). A rank may have 0 rows. T: float, double or std::uint16_t.
   template <class T>
-  void read_rows(const std::string& name, std::int64_t row_begin, std::int64_t row_count,
-                 std::int64_t max_row_count, std::int64_t n_cols, T* buf) const;
+  void read_rows(const std::string& name, std::int64_t row_begin, std::int64_t row_count, std::int64_t max_row_count,
+                 std::int64_t n_cols, T* buf) const;
   /// Reads the whole 1-D dataset `name` (n entries) on every rank. T: float, double or std::int64_t.
   template <class T>
   void read_all(const std::string& name, std::int64_t n, T* buf) const;
@@ -137,8 +137,8 @@ class H5File {
                      std::int64_t max_col_count, const T* buf);
   /// Writes this rank's rows of the 2-D dataset `name`; arguments as in read_rows.
   template <class T>
-  void write_rows(const std::string& name, std::int64_t row_begin, std::int64_t row_count,
-                  std::int64_t max_row_count, std::int64_t n_cols, const T* buf);
+  void write_rows(const std::string& name, std::int64_t row_begin, std::int64_t row_count, std::int64_t max_row_count,
+                  std::int64_t n_cols, const T* buf);
   /// A string attribute on the root group, or on the object `object` (e.g. a dataset, "/grad_logits"); the
   /// same value on every rank.
   void write_attribute(const std::string& name, const std::string& value, const std::string& object = "/");

@@ -66,8 +66,8 @@ void run_linear(const Communicator& comm, const LinearConfig& cfg, H5File& in, c
   steps.v = v;
   steps.memory_what = std::to_string(held) + " x " + std::to_string(h) + " hidden states and " + std::to_string(vl) +
                       " x " + std::to_string(h) + " weight rows" + (cfg.grad ? " and their gradients" : "");
-  steps.memory_bytes = (double(held) + double(vl)) * double(h) * (double(sizeof(Scalar)) + (cfg.grad ? sizeof(T) : 0)) +
-                       double(n) * 16;
+  steps.memory_bytes =
+      (double(held) + double(vl)) * double(h) * (double(sizeof(Scalar)) + (cfg.grad ? sizeof(T) : 0)) + double(n) * 16;
   steps.allocate = [&] {
     hidden = Matrix(uninitialized("vpce::tool::hidden"), held, h);
     weight = Matrix(uninitialized("vpce::tool::weight"), vl, h);
@@ -182,8 +182,9 @@ int cmd_linear(const Communicator& comm, const std::vector<std::string>& argv) {
   return 0;
 #else
   // Every rank throws the same error: exit status 1 everywhere.
-  throw Error("linear: this build of vpce has no Kokkos Kernels (vpce::LinearCrossEntropy needs it): "
-              "reconfigure with Kokkos Kernels installed (KokkosKernels_ROOT), or use 'vpce loss' on the logits");
+  throw Error(
+      "linear: this build of vpce has no Kokkos Kernels (vpce::LinearCrossEntropy needs it): "
+      "reconfigure with Kokkos Kernels installed (KokkosKernels_ROOT), or use 'vpce loss' on the logits");
 #endif
 }
 

@@ -29,9 +29,9 @@ LinearConfig parse_linear_args(const std::vector<std::string>& argv, int nranks)
 
 /// What the input file of `vpce linear` holds, once checked.
 struct LinearInput {
-  std::int64_t n = 0;  ///< tokens (rows of /hidden)
-  std::int64_t h = 0;  ///< hidden size (columns of /hidden and /weight)
-  std::int64_t v = 0;  ///< vocabulary (rows of /weight)
+  std::int64_t n = 0;           ///< tokens (rows of /hidden)
+  std::int64_t h = 0;           ///< hidden size (columns of /hidden and /weight)
+  std::int64_t v = 0;           ///< vocabulary (rows of /weight)
   DType type = DType::float32;  ///< of /hidden, /weight and /bias
   bool bias = false;            ///< the file has /bias (V values)
 };

@@ -69,7 +69,8 @@ void run_loss(const Communicator& comm, const LossConfig& cfg, H5File& in, const
   CommandSteps<T> steps;
   steps.n = n;
   steps.v = v;
-  steps.memory_what = std::to_string(n) + " x " + std::to_string(vl) + " logits" + (cfg.grad ? " and their gradient" : "");
+  steps.memory_what =
+      std::to_string(n) + " x " + std::to_string(vl) + " logits" + (cfg.grad ? " and their gradient" : "");
   steps.memory_bytes = double(n) * double(vl) *
                            double(sizeof(Scalar) * (input.probs ? 2 : 1) + (cfg.grad && !in_place ? sizeof(T) : 0)) +
                        double(n) * 8 * double(2 + n_row_outs);

@@ -148,9 +148,9 @@ DType stored_dtype(const H5File& in, const std::string& name, const DatasetInfo&
 }
 
 std::vector<Args::Spec> loss_option_specs() {
-  return {{"input", true},        {"output", true},          {"grad", false},   {"strategy", true},
-          {"partition", true},    {"ignore-index", true},    {"reduction", true}, {"label-smoothing", true},
-          {"z-loss", true},       {"logit-scale", true},     {"softcap", true}, {"quiet", false}};
+  return {{"input", true},     {"output", true},       {"grad", false},     {"strategy", true},
+          {"partition", true}, {"ignore-index", true}, {"reduction", true}, {"label-smoothing", true},
+          {"z-loss", true},    {"logit-scale", true},  {"softcap", true},   {"quiet", false}};
 }
 
 void parse_loss_options(const Args& args, int nranks, LossOptions* opt) {
@@ -253,8 +253,8 @@ LossInput check_loss_input(const Communicator& comm, const H5File& in, const Los
   if (r.probs) {
     check(ti.exists, "both /targets and /target_probs: give target ids or target probabilities, not both");
     check(pi.type_name == "not a dataset", "/target_probs is not a dataset");
-    check(pi.dims != li.dims, "dataset /target_probs " + shape_phrase(pi) + "; expected the shape of /logits, " +
-                                  shape_string(li.dims));
+    check(pi.dims != li.dims,
+          "dataset /target_probs " + shape_phrase(pi) + "; expected the shape of /logits, " + shape_string(li.dims));
     check(pi.type_name != li.type_name || pi.type_size != li.type_size,
           "dataset /target_probs has type " + pi.type_name + "; expected the logits' type, " + li.type_name);
     if (err.empty() && pi.type_name == "uint16") {
@@ -274,9 +274,9 @@ LossInput check_loss_input(const Communicator& comm, const H5File& in, const Los
   if (wi.exists) {
     r.weights = true;
     check(wi.type_name == "not a dataset", "/weights is not a dataset");
-    check(wi.dims.size() != 1 || wi.dims[0] != r.v, "dataset /weights " + shape_phrase(wi) +
-                                                         "; expected " + std::to_string(r.v) +
-                                                         " class weights (one per column of /logits)");
+    check(wi.dims.size() != 1 || wi.dims[0] != r.v, "dataset /weights " + shape_phrase(wi) + "; expected " +
+                                                        std::to_string(r.v) +
+                                                        " class weights (one per column of /logits)");
     check(!(wi.kind == DatasetInfo::Kind::floating && (wi.type_size == 4 || wi.type_size == 8)),
           "dataset /weights has type " + wi.type_name + "; expected float32 or float64");
   }
@@ -343,8 +343,8 @@ std::string size_error(const std::string& file, std::int64_t n, std::int64_t v, 
   // most) and a record of the collective (32 bytes at most). Kept below 2^62 bytes: no size_t or ptrdiff_t
   // computation on the way (Kokkos', HDF5's, MPI's) can overflow.
   if (v < 0 || too_large({{n, max_cols, std::int64_t(elem_bytes) + 8}, {n, 56, 1}}))
-    return file + ": dataset /logits has shape " + std::to_string(n) + " x " + std::to_string(v) +
-           ": too large (" + std::to_string(max_cols) + " columns of it on one rank cannot be held in memory)";
+    return file + ": dataset /logits has shape " + std::to_string(n) + " x " + std::to_string(v) + ": too large (" +
+           std::to_string(max_cols) + " columns of it on one rank cannot be held in memory)";
   return {};
 }
 

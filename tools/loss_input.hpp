@@ -59,16 +59,17 @@ LossConfig parse_loss_args(const std::vector<std::string>& argv, int nranks);
 
 /// What the input file holds, once checked.
 struct LossInput {
-  std::int64_t n = 0;  ///< tokens (rows)
-  std::int64_t v = 0;  ///< vocabulary (columns)
+  std::int64_t n = 0;           ///< tokens (rows)
+  std::int64_t v = 0;           ///< vocabulary (columns)
   DType type = DType::float32;  ///< float32, float64, or 16-bit (uint16 bits with a dtype attribute)
   bool weights = false;         ///< the file has /weights (V class weights)
   bool probs = false;           ///< /target_probs (N x V) instead of /targets
 };
 
 /// Checks /logits and /targets from the file's metadata (existence, dimensions, types, the dtype attribute of
-/// 16-bit logits, N agreeing; /weights, if there: V float32 or float64 values) and the --partition against V; collective (errors agreed: vpce::Error, or
-/// UsageError for a --partition that does not add up to V, the same on every rank). `file` names the input.
+/// 16-bit logits, N agreeing; /weights, if there: V float32 or float64 values) and the --partition against V;
+/// collective (errors agreed: vpce::Error, or UsageError for a --partition that does not add up to V, the same on every
+/// rank). `file` names the input.
 LossInput check_loss_input(const Communicator& comm, const H5File& in, const LossConfig& cfg);
 
 /// "has shape 6 x 23 x 1 (3 dimensions)", "is a scalar", "is empty (a null dataspace, no elements)".

@@ -367,8 +367,8 @@ TEST(LinearErrors, BadInputsThrowOnEveryRank) {
     expect_error_on_all_ranks([&] { lce.forward(fewer, weight, y_fewer, loss_fewer); }, "number of tokens");
   // weight rows not this rank's slice.
   // (not from p.weight: at 1 rank it has only local_size() rows; ASan found the read past its end)
-  const auto wrong_w = device_matrix<float>(std::vector<double>((part.local_size() + 1) * h, 0.5), 0,
-                                            part.local_size() + 1, h);
+  const auto wrong_w =
+      device_matrix<float>(std::vector<double>((part.local_size() + 1) * h, 0.5), 0, part.local_size() + 1, h);
   expect_error_on_all_ranks([&] { lce.forward(hidden, wrong_w, y, loss); }, "weight", false);
   // A target out of range on one rank only.
   Kokkos::View<std::int64_t*, Mem> y_bad("y", n);
@@ -383,8 +383,7 @@ TEST(LinearErrors, BadInputsThrowOnEveryRank) {
   mean.reduction = vpce::Reduction::mean;
   LCE lce_mean(comm, part, h, mean);
   Kokkos::View<float*, Mem> gl("gl", n);
-  expect_error_on_all_ranks([&] { lce_mean.loss_and_grad(hidden, weight, y, loss, gh, gw, gl); },
-                            "Reduction::none");
+  expect_error_on_all_ranks([&] { lce_mean.loss_and_grad(hidden, weight, y, loss, gh, gw, gl); }, "Reduction::none");
   LCE fresh(comm, part, h);
   expect_error_on_all_ranks([&] { fresh.backward(1.0f, gh, gw); }, "without a forward");
   // A NaN in hidden (every rank's logits of that row become NaN).

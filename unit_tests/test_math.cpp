@@ -7,8 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -235,8 +235,9 @@ void expect_lanes_same_bits() {
   for (std::uint32_t b = 0x80000000u; b <= 0xff800000u; b += 61) ASSERT_TRUE(add(from_bits(b)));
   for (std::uint32_t b = 0; b <= as_bits(89.0f); b += 61) ASSERT_TRUE(add(from_bits(b)));
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  const float mixed[16] = {0.0f, -inf, nan, -nan, -86.98f, std::nextafter(-86.98f, -inf), -1e-30f, 1e-30f,
-                           -0.0f, 1.0f, -1.0f, 80.0f, 88.0f, -88.0f, 0.0216608f, -0.0216608f};
+  const float mixed[16] = {0.0f,    -inf,   nan,        -nan,       -86.98f, std::nextafter(-86.98f, -inf),
+                           -1e-30f, 1e-30f, -0.0f,      1.0f,       -1.0f,   80.0f,
+                           88.0f,   -88.0f, 0.0216608f, -0.0216608f};
   for (int l = 0; l < 16; ++l) u[l] = mixed[l];
   ASSERT_TRUE(check());
   EXPECT_GT(lines, 2500000u);
@@ -382,7 +383,8 @@ void expect_widened_statistics_same_bits() {
   using vpce::impl::ExpAccuracy;
   std::mt19937 gen(11);
   std::normal_distribution<float> logit(0.0f, 4.0f);
-  for (std::int64_t n : {std::int64_t(100), std::int64_t(4096), std::int64_t(3 * 4096 + 77), std::int64_t(-3 * 4096 - 77)}) {
+  for (std::int64_t n :
+       {std::int64_t(100), std::int64_t(4096), std::int64_t(3 * 4096 + 77), std::int64_t(-3 * 4096 - 77)}) {
     // n < 0: |n| columns, the first chunk and some masked (-inf)
     std::vector<vpce::float16> x(std::size_t(std::abs(n) + 1));
     for (auto& v : x) v = vpce::float16(logit(gen));
@@ -407,7 +409,8 @@ void expect_widened_statistics_same_bits() {
       const std::pair<float, float> values[] = {{a.m, b.m}, {a.s, b.s}, {a.zmax, b.zmax}, {a.sx, b.sx}, {a.h, b.h}};
       for (const auto& [u, v] : values)
         ASSERT_EQ(vpce::impl::as_bits(u), vpce::impl::as_bits(v)) << n << " " << variant;
-      for (std::size_t j = 0; j < ea.size(); ++j) ASSERT_EQ(vpce::impl::as_bits(ea[j]), vpce::impl::as_bits(eb[j])) << j;
+      for (std::size_t j = 0; j < ea.size(); ++j)
+        ASSERT_EQ(vpce::impl::as_bits(ea[j]), vpce::impl::as_bits(eb[j])) << j;
       ASSERT_EQ(ca, cb);
     }
   }

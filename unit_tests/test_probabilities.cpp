@@ -97,7 +97,8 @@ Reference reference_probs(const Problem& p, const std::vector<double>& q, const 
     r.loss[i] = static_cast<double>(loss) + zeta * lse * lse + beta * r.entropy[i];
     for (std::int64_t j = 0; j < p.v; ++j) {
       const double pj = std::exp(x[j] - lse);
-      const double d = pj * (static_cast<double>(sum_c) + 2.0 * zeta * lse + beta * (static_cast<double>(mu) - x[j])) - c[j];
+      const double d =
+          pj * (static_cast<double>(sum_c) + 2.0 * zeta * lse + beta * (static_cast<double>(mu) - x[j])) - c[j];
       r.dloss[i * p.v + j] = d * dxdz[j];
     }
   }
@@ -119,7 +120,8 @@ class ProbabilityTest : public ::testing::Test {
     matrix out("local", n, part.local_size());
     auto h = Kokkos::create_mirror_view(out);
     for (std::int64_t i = 0; i < n; ++i)
-      for (std::int64_t j = 0; j < part.local_size(); ++j) h(i, j) = static_cast<scalar>(global[i * v + part.begin() + j]);
+      for (std::int64_t j = 0; j < part.local_size(); ++j)
+        h(i, j) = static_cast<scalar>(global[i * v + part.begin() + j]);
     Kokkos::deep_copy(out, h);
     return out;
   }
@@ -224,9 +226,7 @@ class ProbabilityTest : public ::testing::Test {
 
 TYPED_TEST_SUITE(ProbabilityTest, AllConfigs, ConfigName);
 
-TYPED_TEST(ProbabilityTest, Alone) {
-  this->expect_all_match(vpce::Options{}, "probabilities", false);
-}
+TYPED_TEST(ProbabilityTest, Alone) { this->expect_all_match(vpce::Options{}, "probabilities", false); }
 
 // PyTorch's label smoothing on top of the probabilities, the mean (divided by N); then class weights.
 TYPED_TEST(ProbabilityTest, SmoothingMeanAndClassWeights) {

@@ -212,8 +212,8 @@ struct Reference {
   std::vector<double> entropy;  ///< every row
   std::vector<double> logprob;  ///< x_t - lse, 0 where ignored
   std::vector<double> z_loss;   ///< zeta lse^2, 0 where ignored
-  std::vector<double> dloss;  ///< n x v, d loss_i / d z_ij
-  std::vector<bool> valid;    ///< target != ignore_index
+  std::vector<double> dloss;    ///< n x v, d loss_i / d z_ij
+  std::vector<bool> valid;      ///< target != ignore_index
   std::int64_t n_valid = 0;
   double valid_weight = 0;  ///< sum of the valid targets' class weights (n_valid without weights)
   /// The sum of the losses, or their mean (PyTorch's: divided by valid_weight; 0 when that is 0), as
@@ -230,7 +230,8 @@ struct Reference {
 ///   loss = (1 - alpha) w_t (lse - x_t) + alpha / V (W lse - sum_j w_j x_j) + zeta lse^2 + beta H,
 ///   d loss / d z_j = (p_j ((1 - alpha) w_t + alpha W / V + 2 zeta lse + beta (mu - x_j)) - (1 - alpha) w_t [j == t]
 ///                     - alpha w_j / V) dx_j/dz_j.
-inline Reference reference(const Problem& p, const vpce::Options& o = {}, const std::vector<double>* weights = nullptr) {
+inline Reference reference(const Problem& p, const vpce::Options& o = {},
+                           const std::vector<double>* weights = nullptr) {
   const double scale = o.logit_scale, cap = o.softcap, alpha = o.label_smoothing, zeta = o.z_loss;
   const double beta = o.entropy_weight;
   Reference r;

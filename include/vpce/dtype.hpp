@@ -41,9 +41,7 @@ constexpr std::optional<DType> parse_dtype(std::string_view name) noexcept {
 }
 
 /// Bytes per element, in memory and in files (the 16-bit types as their bits).
-constexpr std::size_t element_size(DType t) noexcept {
-  return t == DType::float64 ? 8 : t == DType::float32 ? 4 : 2;
-}
+constexpr std::size_t element_size(DType t) noexcept { return t == DType::float64 ? 8 : t == DType::float32 ? 4 : 2; }
 
 /// Whether t is one of the 16-bit storage types (computed in float; uint16 bits in files).
 constexpr bool is_16bit(DType t) noexcept { return t == DType::bfloat16 || t == DType::float16; }

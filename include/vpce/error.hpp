@@ -34,8 +34,8 @@ void check_mpi(int rc, const char* call, const char* file, int line);
 }  // namespace vpce
 
 /// Throws vpce::Error with the message and the source location when `cond` is true.
-#define VPCE_THROW_IF(cond, msg)                                                              \
-  do {                                                                                        \
+#define VPCE_THROW_IF(cond, msg)                                                             \
+  do {                                                                                       \
     if (cond) throw ::vpce::Error((msg), ::vpce::impl::source_location(__FILE__, __LINE__)); \
   } while (0)
 

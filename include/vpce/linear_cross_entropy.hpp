@@ -96,8 +96,8 @@ class LinearCrossEntropy {
 
   /// Per-token loss (0 for ignored rows): one gemm per chunk. Keeps references to hidden, weight, bias and
   /// targets for backward(); they must stay unchanged until then. The overloads without `bias` have none.
-  void forward(const matrix_view& hidden, const matrix_view& weight, const bias_view& bias,
-               const targets_view& targets, const loss_view& loss);
+  void forward(const matrix_view& hidden, const matrix_view& weight, const bias_view& bias, const targets_view& targets,
+               const loss_view& loss);
   void forward(const matrix_view& hidden, const matrix_view& weight, const targets_view& targets,
                const loss_view& loss) {
     forward(hidden, weight, bias_view(), targets, loss);
@@ -190,7 +190,7 @@ class LinearCrossEntropy {
   Kokkos::View<compute_type*, memory_space> m_ones;          // the column sums' vector (bias)
   Kokkos::View<compute_type*, memory_space> m_scratch_loss;  // chunk losses backward() does not return
   Kokkos::View<compute_type*, memory_space> m_lse;
-  std::vector<std::int64_t> m_row_begin;                     // sequence-parallel: first row of each rank, and N
+  std::vector<std::int64_t> m_row_begin;  // sequence-parallel: first row of each rank, and N
 
   matrix_view m_saved_hidden, m_saved_weight;
   bias_view m_saved_bias;

@@ -30,21 +30,21 @@ typedef enum { VPCE_MEMORY_HOST = 0, VPCE_MEMORY_DEVICE = 1 } vpce_memory_space;
 
 /* vpce::Options; fill with vpce_options_default() first. */
 typedef struct {
-  int strategy;             /* vpce_strategy */
-  int mode;                 /* vpce_mode */
-  int nan_is_error;         /* 1: NaN/+inf logits are an error (default); 0: they propagate */
-  int64_t ignore_index;     /* default -100 */
-  int reduction;            /* vpce_reduction */
-  double label_smoothing;   /* [0, 1] */
-  double z_loss;            /* >= 0 */
-  double logit_scale;       /* > 0, default 1 */
-  double softcap;           /* >= 0, 0: off */
-  int grad_in_logits_type;  /* 16-bit logits only: write the gradient as 16-bit */
-  int entropy;              /* 1: keep each row's entropy for vpce_entropy() (default 0) */
-  double entropy_weight;    /* adds entropy_weight * entropy to each row's loss (finite; may be < 0) */
-  int probability_targets;  /* 1: the calls take target probabilities (vpce_forward_probs, ...), not ids */
-  int memory_space;         /* vpce_memory_space of every array argument of the handle's calls (default
-                               host); VPCE_MEMORY_DEVICE needs vpce_has_device() */
+  int strategy;            /* vpce_strategy */
+  int mode;                /* vpce_mode */
+  int nan_is_error;        /* 1: NaN/+inf logits are an error (default); 0: they propagate */
+  int64_t ignore_index;    /* default -100 */
+  int reduction;           /* vpce_reduction */
+  double label_smoothing;  /* [0, 1] */
+  double z_loss;           /* >= 0 */
+  double logit_scale;      /* > 0, default 1 */
+  double softcap;          /* >= 0, 0: off */
+  int grad_in_logits_type; /* 16-bit logits only: write the gradient as 16-bit */
+  int entropy;             /* 1: keep each row's entropy for vpce_entropy() (default 0) */
+  double entropy_weight;   /* adds entropy_weight * entropy to each row's loss (finite; may be < 0) */
+  int probability_targets; /* 1: the calls take target probabilities (vpce_forward_probs, ...), not ids */
+  int memory_space;        /* vpce_memory_space of every array argument of the handle's calls (default
+                              host); VPCE_MEMORY_DEVICE needs vpce_has_device() */
 } vpce_options;
 
 typedef struct vpce_handle_s* vpce_handle;
@@ -82,8 +82,7 @@ vpce_status vpce_partition(vpce_handle handle, int64_t* begin, int64_t* local_vo
 vpce_status vpce_set_class_weights(vpce_handle handle, const void* local_weights);
 
 /* Collective. Per-token loss; keeps what backward needs (recompute mode: the logits must stay unchanged). */
-vpce_status vpce_forward(vpce_handle handle, int64_t n_tokens, const void* logits, const int64_t* targets,
-                         void* loss);
+vpce_status vpce_forward(vpce_handle handle, int64_t n_tokens, const void* logits, const int64_t* targets, void* loss);
 /* Gradient of the last forward: of sum_i grad_loss[i] * loss_i if grad_loss is not NULL (reduction none),
  * else of grad_scale * (the sum, or with reduction mean the mean, of the losses). No communication. */
 vpce_status vpce_backward(vpce_handle handle, const void* grad_loss, double grad_scale, void* grad);
@@ -94,9 +93,8 @@ vpce_status vpce_loss_and_grad(vpce_handle handle, int64_t n_tokens, const void*
  * logits' type, each row >= 0 summing to 1 over the global vocabulary (vpce/options.hpp). */
 vpce_status vpce_forward_probs(vpce_handle handle, int64_t n_tokens, const void* logits, const void* target_probs,
                                void* loss);
-vpce_status vpce_loss_and_grad_probs(vpce_handle handle, int64_t n_tokens, const void* logits,
-                                     const void* target_probs, void* loss, void* grad, const void* grad_loss,
-                                     double grad_scale);
+vpce_status vpce_loss_and_grad_probs(vpce_handle handle, int64_t n_tokens, const void* logits, const void* target_probs,
+                                     void* loss, void* grad, const void* grad_loss, double grad_scale);
 /* lse per row of the last call (N values), and the reduced loss (sum for reduction none). */
 vpce_status vpce_lse(vpce_handle handle, void* lse);
 /* Per row of the last forward/loss_and_grad (N values, the loss's type), no communication: the entropy of

@@ -115,9 +115,12 @@ struct Checks {
 class CrossEntropy {
  public:
   CrossEntropy(int comm_f, std::int64_t local_vocab, int dtype, const vpce_options& opt)
-      : m_comm(MPI_Comm_f2c(comm_f)), m_dtype(static_cast<vpce_dtype>(dtype)), m_local(local_vocab),
+      : m_comm(MPI_Comm_f2c(comm_f)),
+        m_dtype(static_cast<vpce_dtype>(dtype)),
+        m_local(local_vocab),
         m_grad_16(opt.grad_in_logits_type != 0 && (m_dtype == VPCE_BFLOAT16 || m_dtype == VPCE_FLOAT16)),
-        m_device(opt.memory_space == VPCE_MEMORY_DEVICE), m_probs(opt.probability_targets != 0) {
+        m_device(opt.memory_space == VPCE_MEMORY_DEVICE),
+        m_probs(opt.probability_targets != 0) {
     check(vpce_create(m_comm.comm(), local_vocab, m_dtype, &opt, &m_handle));
   }
   ~CrossEntropy() { close(); }
@@ -244,8 +247,9 @@ class CrossEntropy {
   void check_array(Checks& c, const char* what, const A& a, nb::dlpack::dtype type) const {
     // Host memory (pinned too) for a host handle; a device's for a device handle (the one Kokkos runs on).
     const bool host = a.device_type() == nb::device::cpu::value || a.device_type() == nb::device::cuda_host::value;
-    c.require(host != m_device, std::string(what) + (m_device ? " is in host memory (this CrossEntropy takes device arrays)"
-                                                              : " is not in host memory (this CrossEntropy takes host arrays)"));
+    c.require(host != m_device,
+              std::string(what) + (m_device ? " is in host memory (this CrossEntropy takes device arrays)"
+                                            : " is not in host memory (this CrossEntropy takes host arrays)"));
     c.require(a.dtype() == type, std::string(what) + " is " + type_name(a.dtype()) + ", expected " + type_name(type));
     c.require(c_contiguous(a), std::string(what) + " of shape " + shape_of(a) + " is not C-contiguous");
   }
@@ -253,7 +257,8 @@ class CrossEntropy {
   std::int64_t check_logits(Checks& c, const In& x) const {
     check_array(c, "logits", x, dl_type(m_dtype));
     c.require(x.ndim() >= 1 && std::int64_t(x.shape(x.ndim() - 1)) == m_local,
-              "logits has shape " + shape_of(x) + ", expected [..., " + std::to_string(m_local) + "] (this rank's vocabulary)");
+              "logits has shape " + shape_of(x) + ", expected [..., " + std::to_string(m_local) +
+                  "] (this rank's vocabulary)");
     return x.ndim() >= 1 ? leading(x) : 0;
   }
   /// The product of all extents but the last.
@@ -279,8 +284,7 @@ class CrossEntropy {
   }
   void check_grad(Checks& c, const Out& g, std::int64_t n) const {
     check_array(c, "grad", g, grad_type());
-    c.require(g.ndim() >= 1 && std::int64_t(g.shape(g.ndim() - 1)) == m_local &&
-                  std::int64_t(g.size()) == n * m_local,
+    c.require(g.ndim() >= 1 && std::int64_t(g.shape(g.ndim() - 1)) == m_local && std::int64_t(g.size()) == n * m_local,
               "grad has shape " + shape_of(g) + ", expected N x " + std::to_string(m_local) + " values, [..., " +
                   std::to_string(m_local) + "] (N = " + std::to_string(n) + ")");
   }
@@ -312,8 +316,10 @@ NB_MODULE(_vpce, m) {
   // is finalised; nanobind's report of them as leaks would be noise in every such program's output.
   nb::set_leak_warnings(false);
 
-  m.def("initialize", [] { check(vpce_initialize()); }, "Initialises Kokkos unless the program already did.");
-  m.def("finalize", [] { check(vpce_finalize()); }, "Finalises Kokkos if initialize() initialised it.");
+  m.def(
+      "initialize", [] { check(vpce_initialize()); }, "Initialises Kokkos unless the program already did.");
+  m.def(
+      "finalize", [] { check(vpce_finalize()); }, "Finalises Kokkos if initialize() initialised it.");
 
   nb::class_<CrossEntropy>(m, "CrossEntropy")
       .def(
@@ -358,5 +364,6 @@ NB_MODULE(_vpce, m) {
       .def("partition", &CrossEntropy::partition)
       .def("rows", &CrossEntropy::rows)
       .def("num_valid", &CrossEntropy::num_valid);
-  m.def("has_device", [] { return vpce_has_device() != 0; }, "Whether this build has a device backend (CUDA, ...).");
+  m.def(
+      "has_device", [] { return vpce_has_device() != 0; }, "Whether this build has a device backend (CUDA, ...).");
 }

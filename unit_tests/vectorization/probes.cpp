@@ -127,9 +127,9 @@ void seed(const S* x, const std::int64_t* targets, T* out) {
 // backward() from the stash.
 template <class T, class G, bool Stream = false>
 void from_stash(const T* q, const std::int64_t* targets, const T* stash_target, G* y) {
-  const vpce::impl::BackwardFromStash<T, G, Host> f(args<T, T>(q, targets), Kokkos::View<const T*, Host>(stash_target, 1),
-                                                    RowPtr<G>{y, width, 0}, vpce::impl::GradScale<T, Host>{{}, T(1)},
-                                                    Stream ? Store::streaming : Store::plain);
+  const vpce::impl::BackwardFromStash<T, G, Host> f(
+      args<T, T>(q, targets), Kokkos::View<const T*, Host>(stash_target, 1), RowPtr<G>{y, width, 0},
+      vpce::impl::GradScale<T, Host>{{}, T(1)}, Stream ? Store::streaming : Store::plain);
   f.row(HostInner{}, 0);
 }
 

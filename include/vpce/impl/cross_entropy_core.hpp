@@ -194,7 +194,7 @@ struct CallContext {
   Write what;
   RowPtr<G> y;  ///< gradient or stash rows (Write::grad, Write::stash)
   GradScale<T, memory_space> g;
-  CallStatus status;        ///< this rank's verdict on its inputs, carried by the first collective
+  CallStatus status;         ///< this rank's verdict on its inputs, carried by the first collective
   const std::string& error;  ///< this rank's message when status.error
 
   /// This rank's inputs passed its local checks: its kernels may run.
@@ -246,10 +246,9 @@ struct CallContext {
   void check(std::int64_t r0, std::int64_t r1, std::int64_t written_rows) const {
     const bool probs = core.opt.probability_targets;
     if (core.opt.non_finite != NonFinite::error && !probs) return;
-    const Records<const T, Kokkos::HostSpace> merged{
-        Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(core.ws.records.mpi().data(),
-                                                                          core.ws.records.mpi().span()),
-        core.ws.layout};
+    const Records<const T, Kokkos::HostSpace> merged{Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
+                                                         core.ws.records.mpi().data(), core.ws.records.mpi().span()),
+                                                     core.ws.layout};
     for (std::int64_t i = r0; i < r1; ++i) {
       const RowStats<T> r = merged.load(i);
       if (probs) {

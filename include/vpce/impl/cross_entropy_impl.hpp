@@ -193,8 +193,7 @@ template <class G>
 void CrossEntropyCore<Scalar, ExecSpace>::call(const logits_view& logits, const targets_view& targets,
                                                const loss_view& loss, Write what, G* grad, std::int64_t grad_rows,
                                                std::int64_t grad_cols, std::int64_t ld_grad,
-                                               const grad_loss_view* grad_loss, T grad_scale,
-                                               const probs_view* probs) {
+                                               const grad_loss_view* grad_loss, T grad_scale, const probs_view* probs) {
   ScopedRegion region("vpce::cross_entropy");
   lse_out = {};
   last_targets = {};
@@ -245,8 +244,8 @@ void CrossEntropyCore<Scalar, ExecSpace>::call(const logits_view& logits, const 
   if constexpr (std::is_same_v<G, T>) {
     if (what == Write::stash) y = {ws.stash.data(), std::int64_t(ws.stash.stride(0)), 0};
   }
-  const auto args = kernel_args(logits.data(), std::int64_t(logits.stride(0)), targets,
-                                probs != nullptr ? *probs : probs_view());
+  const auto args =
+      kernel_args(logits.data(), std::int64_t(logits.stride(0)), targets, probs != nullptr ? *probs : probs_view());
   with_transform([&](auto xf) { run_strategy<G, decltype(xf)::value>(args, n_rows, loss, what, y, g, status, err); });
   lse_out = Kokkos::subview(ws.lse, std::make_pair(std::int64_t(0), n_rows));
   last_targets = targets;
@@ -296,8 +295,8 @@ template <class G, Transform Xf>
 void CrossEntropyCore<Scalar, ExecSpace>::backward_rows(const GradScale<T, memory_space>& g, const RowPtr<G>& y) {
   const std::int64_t n_rows = opt.probability_targets ? saved_probs.extent(0) : saved_targets.extent(0);
   if (opt.mode == Mode::stash_softmax) {
-    KernelArgs<T, T, memory_space> args{ws.stash.data(), std::int64_t(ws.stash.stride(0)), part.local_size(),
-                                        part.begin(),    saved_targets,                    params()};
+    KernelArgs<T, T, memory_space> args{
+        ws.stash.data(), std::int64_t(ws.stash.stride(0)), part.local_size(), part.begin(), saved_targets, params()};
     args.probs = opt.probability_targets;  // the stash holds every term: no target column
     const BackwardFromStash<T, G, memory_space> f(args, ws.stash_target, y, g, store<G>());
     for_rows("vpce::backward_stash", exec, 0, n_rows, f, use_teams());
@@ -401,8 +400,8 @@ void CrossEntropy<Scalar, ExecSpace>::forward(const logits_view& logits, const t
                                               const loss_view& loss) {
   const bool stash = m_core->opt.mode == Mode::stash_softmax;
   m_core->have_forward = false;
-  m_core->template call<compute_type>(logits, targets, loss, stash ? impl::Write::stash : impl::Write::loss, nullptr,
-                                      0, 0, 0, nullptr, compute_type(1));
+  m_core->template call<compute_type>(logits, targets, loss, stash ? impl::Write::stash : impl::Write::loss, nullptr, 0,
+                                      0, 0, nullptr, compute_type(1));
   m_core->saved_logits = stash ? logits_view() : logits;
   m_core->saved_targets = targets;
   m_core->saved_probs = {};
@@ -475,8 +474,8 @@ void CrossEntropy<Scalar, ExecSpace>::loss_and_grad(const logits_view& logits, c
                                                     compute_type grad_scale) {
   m_core->have_forward = false;
   if constexpr (is_16bit_v<Scalar>)
-    m_core->call(logits, targets, loss, impl::Write::grad, grad.data(), grad.extent(0), grad.extent(1),
-                 grad.stride(0), nullptr, grad_scale);
+    m_core->call(logits, targets, loss, impl::Write::grad, grad.data(), grad.extent(0), grad.extent(1), grad.stride(0),
+                 nullptr, grad_scale);
 }
 
 template <class Scalar, class ExecSpace>
@@ -494,8 +493,8 @@ void CrossEntropy<Scalar, ExecSpace>::loss_and_grad(const logits_view& logits, c
                                                     const grad_loss_view& grad_loss) {
   m_core->have_forward = false;
   if constexpr (is_16bit_v<Scalar>)
-    m_core->call(logits, targets, loss, impl::Write::grad, grad.data(), grad.extent(0), grad.extent(1),
-                 grad.stride(0), &grad_loss, compute_type(1));
+    m_core->call(logits, targets, loss, impl::Write::grad, grad.data(), grad.extent(0), grad.extent(1), grad.stride(0),
+                 &grad_loss, compute_type(1));
 }
 
 template <class Scalar, class ExecSpace>

@@ -233,8 +233,9 @@ struct ColumnsFrom {
 template <class F, class = void>
 struct widens32 : std::false_type {};
 template <class F>
-struct widens32<F, std::void_t<decltype(std::declval<const F&>().z.template widen32<Isa::build>(
-                       std::int64_t(0), (float*)nullptr))>> : std::true_type {};
+struct widens32<
+    F, std::void_t<decltype(std::declval<const F&>().z.template widen32<Isa::build>(std::int64_t(0), (float*)nullptr))>>
+    : std::true_type {};
 
 /// Rows of a matrix a kernel writes or reads: row i at data + (i - row0) * ld.
 template <class U>
@@ -723,9 +724,11 @@ struct HostInner {
     if constexpr (!folded) {
       const Ahead<H> sum_ahead = is_widened_v<ZC> ? Ahead<H>{} : ahd;
       if (sum_x && weights != nullptr) {
-        st.sx += sum<T>(len, [wc, x, zc](std::int64_t j) { return wc[j] * x(zc(j)); }, sum_ahead);
+        st.sx += sum<T>(
+            len, [wc, x, zc](std::int64_t j) { return wc[j] * x(zc(j)); }, sum_ahead);
       } else if (sum_x) {
-        st.sx += sum<T>(len, [x, zc](std::int64_t j) { return x(zc(j)); }, sum_ahead);
+        st.sx += sum<T>(
+            len, [x, zc](std::int64_t j) { return x(zc(j)); }, sum_ahead);
       }
     }
     if (st.m != neg_inf<T>()) {

@@ -174,13 +174,14 @@ LinearCrossEntropy<Scalar, ExecSpace>::LinearCrossEntropy(const Communicator& co
                      : std::max<std::int64_t>(1, budget / (widest * std::int64_t(sizeof(compute_type))));
   // A sequence-parallel chunk is reduce-scattered in one MPI call: at most INT_MAX values.
   if (linear.sequence_parallel)
-    m_chunk_rows = std::min<std::int64_t>(m_chunk_rows, std::max<std::int64_t>(1, INT_MAX / std::max<std::int64_t>(1, hidden_size)));
+    m_chunk_rows = std::min<std::int64_t>(m_chunk_rows,
+                                          std::max<std::int64_t>(1, INT_MAX / std::max<std::int64_t>(1, hidden_size)));
   // 16-bit weight rows are multiplied block by block of their float copies.
   const std::int64_t v = std::max<std::int64_t>(1, m_part.local_size());
-  m_block_rows = is_16bit_v<Scalar> ? std::clamp<std::int64_t>(
-                                          budget / (std::max<std::int64_t>(1, hidden_size) * std::int64_t(sizeof(compute_type))),
-                                          1, v)
-                                    : v;
+  m_block_rows = is_16bit_v<Scalar>
+                     ? std::clamp<std::int64_t>(
+                           budget / (std::max<std::int64_t>(1, hidden_size) * std::int64_t(sizeof(compute_type))), 1, v)
+                     : v;
   m_comm.agree_or_throw(err, {{"the hidden size", hidden_size},
                               {"LinearOptions (rows per chunk)", m_chunk_rows},
                               {"LinearOptions::sequence_parallel", linear.sequence_parallel ? 1 : 0},
@@ -210,8 +211,8 @@ void LinearCrossEntropy<Scalar, ExecSpace>::check_call(const Call& call) {
                        bool contiguous) {
     if (!err.empty()) return;
     if (rows != want_rows || cols != h)
-      err = std::string("LinearCrossEntropy: ") + what + " is " + shape(rows, cols) + ", expected " +
-            shape(want_rows, h);
+      err =
+          std::string("LinearCrossEntropy: ") + what + " is " + shape(rows, cols) + ", expected " + shape(want_rows, h);
     else if (!contiguous)
       err = std::string("LinearCrossEntropy: ") + what + " must be contiguous (rows of stride H)";
   };
@@ -327,8 +328,8 @@ void LinearCrossEntropy<Scalar, ExecSpace>::loss_and_grad(const matrix_view& hid
                                                           const grad_bias_view& grad_bias, compute_type grad_scale,
                                                           bool accumulate_weight) {
   m_have_forward = false;
-  const Call call{hidden, weight, bias, targets, loss, true, grad_hidden, grad_weight, grad_bias, false, {},
-                  grad_scale, accumulate_weight};
+  const Call call{hidden, weight, bias,       targets,          loss, true, grad_hidden, grad_weight, grad_bias,
+                  false,  {},     grad_scale, accumulate_weight};
   check_call(call);
   run(call);
 }
@@ -341,8 +342,9 @@ void LinearCrossEntropy<Scalar, ExecSpace>::loss_and_grad(const matrix_view& hid
                                                           const grad_bias_view& grad_bias,
                                                           const grad_loss_view& grad_loss, bool accumulate_weight) {
   m_have_forward = false;
-  const Call call{hidden, weight, bias, targets, loss, true, grad_hidden, grad_weight, grad_bias, true, grad_loss,
-                  compute_type(1), accumulate_weight};
+  const Call call{hidden,           weight,      bias,      targets, loss,      true,
+                  grad_hidden,      grad_weight, grad_bias, true,    grad_loss, compute_type(1),
+                  accumulate_weight};
   check_call(call);
   run(call);
 }
@@ -374,7 +376,8 @@ void LinearCrossEntropy<Scalar, ExecSpace>::run(const Call& call) {
   if (m_opt.reduction == Reduction::mean) scale = n_valid > 0 ? call.grad_scale / T(n_valid) : T(0);
 
   impl::ensure_size(&m_buf, rows * v, "vpce::linear::chunk");
-  if (std::int64_t(m_lse.extent(0)) != n) m_lse = Flat(Kokkos::view_alloc(Kokkos::WithoutInitializing, "vpce::linear::lse"), n);
+  if (std::int64_t(m_lse.extent(0)) != n)
+    m_lse = Flat(Kokkos::view_alloc(Kokkos::WithoutInitializing, "vpce::linear::lse"), n);
   if (blocks > 1) impl::ensure_size(&m_block_out, vb * rows, "vpce::linear::block");
   if (convert) impl::ensure_size(&m_weight_block, vb * h, "vpce::linear::weight_block");
   if (convert) impl::ensure_size(&m_hidden_chunk, rows * h, "vpce::linear::hidden_chunk");
@@ -419,7 +422,8 @@ void LinearCrossEntropy<Scalar, ExecSpace>::run(const Call& call) {
     gathered = decltype(gathered)(m_gathered);
     if (grad) {
       grad_chunk = decltype(grad_chunk)(m_grad_chunk);
-      my_grad = decltype(my_grad)(Kokkos::View<T*, memory_space, Unmanaged>(call.grad_hidden.data(), call.grad_hidden.span()));
+      my_grad = decltype(my_grad)(
+          Kokkos::View<T*, memory_space, Unmanaged>(call.grad_hidden.data(), call.grad_hidden.span()));
     }
   }
 

@@ -167,7 +167,7 @@ inline constexpr float exp2_sixteenths_less_k[16] = {
 template <Isa L>
 KOKKOS_FORCEINLINE_FUNCTION float exp_table_no_overflow(float x) {
   constexpr float lo = -86.98f;
-  constexpr float magic = 12582912.0f;  // 1.5 * 2^23
+  constexpr float magic = 12582912.0f;              // 1.5 * 2^23
   const float t = x * 23.083120654223414f + magic;  // 16 / ln2
   const float n = t - magic;
   // (ln2 / 16)'s upper 12 bits: n times them is exact for |16 n + k| < 2^12, so that r does not depend on

@@ -2,8 +2,8 @@
 /// \file seed_strategy.hpp
 /// \brief The seed strategy: Megatron's forward, collective by collective. MAX all-reduce of the row max,
 /// then SUM of exp against it, then SUM of the target logit (and, with label smoothing only, a SUM of the
-/// logit sums; with the entropy only, a SUM of its h). The first MAX also carries the call status, in a buffer of a fixed size (seed_head_rows +
-/// status_size, status.hpp). Kept as the reference the fused strategy is compared with.
+/// logit sums; with the entropy only, a SUM of its h). The first MAX also carries the call status, in a buffer of a
+/// fixed size (seed_head_rows + status_size, status.hpp). Kept as the reference the fused strategy is compared with.
 
 #include <algorithm>
 #include <cstdint>
@@ -78,7 +78,8 @@ class SeedStrategy {
     const auto& exec = c.core.exec;
     const auto rows = [](std::int64_t a, std::int64_t b) { return std::make_pair(a, b); };
     const auto& buf = ws.seed_head.view();
-    if (h0 > 0) Kokkos::deep_copy(exec, Kokkos::subview(buf, rows(0, h0)), Kokkos::subview(ws.seed.view(), rows(0, h0), 0));
+    if (h0 > 0)
+      Kokkos::deep_copy(exec, Kokkos::subview(buf, rows(0, h0)), Kokkos::subview(ws.seed.view(), rows(0, h0), 0));
     std::vector<T> tail(head - h0 + status_size, neg_inf<T>());
     encode_status(c.status, tail.data() + (head - h0));
     Kokkos::deep_copy(exec, Kokkos::subview(buf, rows(h0, head + status_size)),
@@ -87,7 +88,8 @@ class SeedStrategy {
     T merged[status_size];
     Kokkos::deep_copy(exec, Kokkos::View<T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(merged, status_size),
                       Kokkos::subview(buf, rows(head, head + status_size)));
-    if (h0 > 0) Kokkos::deep_copy(exec, Kokkos::subview(ws.seed.view(), rows(0, h0), 0), Kokkos::subview(buf, rows(0, h0)));
+    if (h0 > 0)
+      Kokkos::deep_copy(exec, Kokkos::subview(ws.seed.view(), rows(0, h0), 0), Kokkos::subview(buf, rows(0, h0)));
     fence(exec, "vpce::seed_head");
     return status_needs_agreement(merged);
   }

@@ -39,10 +39,9 @@ using pinned_host_space = Kokkos::HostSpace;
 /// The memory MPI works on for a buffer in MemSpace: MemSpace itself when the host can access it, or when
 /// MPI is GPU-aware and the op is built in; else host memory.
 template <class MemSpace, MpiOp Op>
-using mpi_space_t =
-    std::conditional_t<Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible ||
-                           (gpu_aware_mpi && Op == MpiOp::builtin),
-                       MemSpace, pinned_host_space>;
+using mpi_space_t = std::conditional_t<Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible ||
+                                           (gpu_aware_mpi && Op == MpiOp::builtin),
+                                       MemSpace, pinned_host_space>;
 
 /// The same part of a buffer and of MPI's side of it. to_mpi/from_mpi copy it across (asynchronously on
 /// the execution space), and do nothing when both are the same memory.
@@ -118,9 +117,8 @@ class PendingReduction {
 template <class ExecSpace, class Part, class T>
 PendingReduction<Part> start_allreduce(const ExecSpace& exec, const Part& part, const StatsReduction<T>& op,
                                        MPI_Comm comm) {
-  static_assert(
-      Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename decltype(part.mpi)::memory_space>::accessible,
-      "the records' merge runs on the host: stage them with MpiOp::host_function");
+  static_assert(Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename decltype(part.mpi)::memory_space>::accessible,
+                "the records' merge runs on the host: stage them with MpiOp::host_function");
   part.to_mpi(exec);
   fence(exec, "vpce::before_allreduce");
   return PendingReduction<Part>(part, op.start(part.mpi.data(), std::int64_t(part.mpi.extent(0)) / op.width(), comm));
@@ -136,12 +134,13 @@ void allreduce(const ExecSpace& exec, const Part& part, const StatsReduction<T>&
 /// already in place in `all`; counts and displs say where each rank's part lies. One fence, MPI, the
 /// gathered part copied back (asynchronously on exec).
 template <class ExecSpace, class MinePart, class AllPart>
-void allgatherv_in_place(const ExecSpace& exec, const MinePart& mine, const AllPart& all, const std::vector<int>& counts,
-                         const std::vector<int>& displs, MPI_Datatype type, MPI_Comm comm) {
+void allgatherv_in_place(const ExecSpace& exec, const MinePart& mine, const AllPart& all,
+                         const std::vector<int>& counts, const std::vector<int>& displs, MPI_Datatype type,
+                         MPI_Comm comm) {
   mine.to_mpi(exec);
   fence(exec, "vpce::before_allgather");
-  VPCE_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, all.mpi.data(), counts.data(), displs.data(), type,
-                                comm));
+  VPCE_MPI_CHECK(
+      MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, all.mpi.data(), counts.data(), displs.data(), type, comm));
   all.from_mpi(exec);
 }
 
@@ -153,8 +152,7 @@ void reduce_scatter_sum(const ExecSpace& exec, const SendPart& send, const RecvP
   using T = typename decltype(send.mpi)::non_const_value_type;
   send.to_mpi(exec);
   fence(exec, "vpce::before_reduce_scatter");
-  VPCE_MPI_CHECK(
-      MPI_Reduce_scatter(send.mpi.data(), recv.mpi.data(), counts.data(), mpi_datatype<T>(), MPI_SUM, comm));
+  VPCE_MPI_CHECK(MPI_Reduce_scatter(send.mpi.data(), recv.mpi.data(), counts.data(), mpi_datatype<T>(), MPI_SUM, comm));
   recv.from_mpi(exec);
 }
 

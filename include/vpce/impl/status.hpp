@@ -101,12 +101,11 @@ bool status_records_need_agreement(const T* merged, int width) {
 template <class T>
 void merge_records(const T* in, T* inout, int n, RecordLayout layout) {
   const int width = layout.width();
-  const Records<const T, Kokkos::HostSpace> a{Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
-                                                  in, std::size_t(n) * std::size_t(width)),
-                                              layout};
-  const Records<T, Kokkos::HostSpace> b{
-      Kokkos::View<T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(inout, std::size_t(n) * std::size_t(width)),
+  const Records<const T, Kokkos::HostSpace> a{
+      Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(in, std::size_t(n) * std::size_t(width)),
       layout};
+  const Records<T, Kokkos::HostSpace> b{
+      Kokkos::View<T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(inout, std::size_t(n) * std::size_t(width)), layout};
   for (int i = 0; i < n; ++i) {
     T* q = inout + std::int64_t(i) * width;
     if (q[1] < T(0)) {  // a status record
