@@ -74,6 +74,7 @@ install_packages() {
   local pkgs=(build-essential cmake dpkg-dev ca-certificates libopenmpi-dev openmpi-bin libgtest-dev libgmock-dev
               libbenchmark-dev libhdf5-openmpi-dev hdf5-tools libopenblas-dev python3 python3-numpy python3-h5py gfortran
               clang libclang-rt-14-dev clang-tidy  # clang + libFuzzer: vpce_tool_fuzz; clang-tidy: vpce_clang_tidy
+              clang-format  # vpce_format (Debian 12's: version 14)
               g++-aarch64-linux-gnu  # vpce_vectorized's aarch64 (NEON) target
               ccache  # compiler cache in $VPCE_CACHE/ccache: repeated builds (CI on an unchanged tree) are fast
               python3-dev python3-venv python3-mpi4py python3-pytest python3-torch)  # the Python package, its tests
